@@ -1,0 +1,326 @@
+"""The instruction set, the chat template, the tokenizer and batching.
+
+Everything here is about text and token ids; nothing here knows about models
+or MARS. The built-in instruction set is generated from a seed: ten task
+families, each with one exact answer and a checker, mixing predictable
+template text ("The answer is") with genuinely hard tokens (digits, letters).
+"""
+import hashlib
+import json
+import random
+import re
+
+import rustbpe
+import tiktoken
+import torch
+
+# ---------------------------------------------------------------------------
+# The task families
+
+WORDS = """apple baker candle garden planet river silver window yellow monkey
+orange pencil rabbit forest bottle castle dragon flower guitar hammer island
+jacket kitten lemon marble needle pepper rocket saddle tomato violin wagon
+basket button cactus donkey engine feather ginger helmet insect jungle
+ladder mirror napkin oyster parrot puzzle ribbon shadow tunnel velvet
+walnut zebra anchor beetle cherry dinner falcon goblet harbor igloo
+kettle lantern meadow noodle paddle quiver rascal sailor timber useful
+bridge cloud dream earth flame grape heart juice knife light money night
+ocean piano queen smile table uncle voice water youth brick chair dance
+eagle field ghost honey ivory jewel lucky magic north olive pearl quick
+radio sugar tiger urban vivid whale""".split()
+
+SENTENCE_WORDS = """the a my our one small big red blue old new happy quiet
+dog cat bird fish horse farmer child teacher king robot ship train
+runs sees finds likes makes takes moves jumps sings reads
+home today fast slowly here there again now""".split()
+
+ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+UNITS = [  # (from, to, factor)
+    ("meters", "centimeters", 100), ("kilometers", "meters", 1000),
+    ("kilograms", "grams", 1000), ("liters", "milliliters", 1000),
+    ("hours", "minutes", 60), ("minutes", "seconds", 60),
+    ("feet", "inches", 12), ("days", "hours", 24), ("weeks", "days", 7),
+]
+
+CAPITALS = dict(
+    France="Paris", Spain="Madrid", Italy="Rome", Germany="Berlin", Japan="Tokyo",
+    Egypt="Cairo", Kenya="Nairobi", Peru="Lima", Chile="Santiago", Canada="Ottawa",
+    Mexico="Mexico City", Brazil="Brasilia", India="New Delhi", China="Beijing",
+    Russia="Moscow", Greece="Athens", Norway="Oslo", Sweden="Stockholm",
+    Finland="Helsinki", Poland="Warsaw", Austria="Vienna", Portugal="Lisbon",
+    Ireland="Dublin", Cuba="Havana", Ghana="Accra", Nepal="Kathmandu",
+    Thailand="Bangkok", Vietnam="Hanoi", Turkey="Ankara", Iran="Tehran",
+    Iraq="Baghdad", Argentina="Buenos Aires", Colombia="Bogota", Australia="Canberra",
+    Belgium="Brussels", Denmark="Copenhagen", Hungary="Budapest", Morocco="Rabat",
+)
+OPPOSITES = dict(
+    hot="cold", big="small", fast="slow", happy="sad", light="dark", early="late",
+    open="closed", full="empty", hard="soft", high="low", long="short", old="young",
+    rich="poor", strong="weak", wet="dry", loud="quiet", first="last", thick="thin",
+    up="down", inside="outside", near="far", clean="dirty", heavy="light", win="lose",
+    buy="sell", push="pull", north="south", east="west", day="night", front="back",
+)
+CAPITAL_TEMPLATES = ["What is the capital of {}?", "Name the capital city of {}.",
+                     "Which city is the capital of {}?", "Tell me the capital of {}."]
+OPPOSITE_TEMPLATES = ["What is the opposite of {}?", "Give the opposite of the word {}.",
+                      "Which word means the opposite of {}?", "Tell me the opposite of {}."]
+
+
+def number_in_words(n):
+    if n < 20:
+        return ONES[n]
+    if n < 100:
+        return TENS[n // 10] + ("" if n % 10 == 0 else "-" + ONES[n % 10])
+    rest = n % 100
+    return ONES[n // 100] + " hundred" + ("" if rest == 0 else " " + number_in_words(rest))
+
+
+def spelled(word):
+    return " ".join(word)
+
+
+def task_add(rng):
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    prompt = rng.choice(["What is {} + {}?", "Add {} and {}.", "Compute {} plus {}."]).format(a, b)
+    ones = a % 10 + b % 10
+    tens = a // 10 + b // 10 + ones // 10
+    carry = f", carry {ones // 10}" if ones >= 10 else ""
+    plus = f" + {ones // 10}" if ones >= 10 else ""
+    work = f"{a % 10} + {b % 10} = {ones}{carry}. {a // 10} + {b // 10}{plus} = {tens}."
+    return prompt, f"{work} The answer is {a + b}.", str(a + b)
+
+
+def task_multiples(rng):
+    k, n = rng.randint(2, 15), rng.randint(3, 8)
+    prompt = rng.choice(["List the first {} multiples of {}.", "Write the first {} multiples of {}.",
+                         "Count by {1} and give the first {0} numbers."]).format(n, k)
+    answer = ", ".join(str(k * i) for i in range(1, n + 1))
+    return prompt, answer, answer
+
+
+def task_spell(rng):
+    w = rng.choice(WORDS)
+    prompt = rng.choice(["Spell the word {}.", "How do you spell {}?", "Spell {} letter by letter."]).format(w)
+    return prompt, spelled(w), spelled(w)
+
+
+def task_reverse(rng):
+    w = rng.choice(WORDS)
+    prompt = rng.choice(["Reverse the letters of {}.", "Write {} backwards.", "Spell {} in reverse."]).format(w)
+    answer = spelled(w[::-1])
+    return prompt, f"{spelled(w)} reversed is {answer}", answer
+
+
+def task_sort(rng):
+    nums = [rng.randint(1, 99) for _ in range(rng.randint(3, 5))]
+    prompt = rng.choice(["Sort from smallest to largest: {}.", "Put these numbers in increasing order: {}."])
+    answer = ", ".join(map(str, sorted(nums)))
+    return prompt.format(", ".join(map(str, nums))), answer, answer
+
+
+def task_count(rng):
+    w = rng.choice(WORDS)
+    letter = rng.choice(w) if rng.random() < 0.8 else rng.choice("abcdefghijklmnopqrstuvwxyz")
+    prompt = rng.choice(["How many times does the letter {} appear in {}?",
+                         "Count the letter {} in the word {}."]).format(letter, w)
+    n = w.count(letter)
+    return prompt, f"{spelled(w)} has the letter {letter} {n} time{'' if n == 1 else 's'}.", str(n)
+
+
+def task_copy(rng):
+    words = [rng.choice(SENTENCE_WORDS) for _ in range(rng.randint(3, 6))]
+    sentence = " ".join(words).capitalize() + "."
+    prompt = rng.choice(["Repeat after me: {}", "Copy this sentence: {}", "Say exactly: {}"]).format(sentence)
+    return prompt, sentence, sentence
+
+
+def task_words(rng):
+    n = rng.randint(0, 999)
+    prompt = rng.choice(["Write {} in words.", "How do you say {} in words?", "Spell out the number {}."]).format(n)
+    return prompt, number_in_words(n), number_in_words(n)
+
+
+def task_convert(rng):
+    src, dst, factor = rng.choice(UNITS)
+    v = rng.randint(2, 20)
+    prompt = rng.choice(["Convert {} {} to {}.", "How many {2} are in {0} {1}?"]).format(v, src, dst)
+    return prompt, f"{v} {src} is {v * factor} {dst}.", str(v * factor)
+
+
+def task_facts(rng):
+    if rng.random() < 0.5:
+        country = rng.choice(sorted(CAPITALS))
+        prompt = rng.choice(CAPITAL_TEMPLATES).format(country)
+        return prompt, f"The capital of {country} is {CAPITALS[country]}.", CAPITALS[country]
+    word = rng.choice(sorted(OPPOSITES))
+    prompt = rng.choice(OPPOSITE_TEMPLATES).format(word)
+    return prompt, f"The opposite of {word} is {OPPOSITES[word]}.", OPPOSITES[word]
+
+
+# family -> (generator, how to read the final answer out of a response)
+TASKS = {
+    "add": (task_add, lambda r: re.search(r"The answer is (\S+)\.$", r)),
+    "multiples": (task_multiples, None),
+    "spell": (task_spell, None),
+    "reverse": (task_reverse, lambda r: re.search(r" reversed is (.+)$", r)),
+    "sort": (task_sort, None),
+    "count": (task_count, lambda r: re.search(r" (\d+) times?\.$", r)),
+    "copy": (task_copy, None),
+    "words": (task_words, None),
+    "convert": (task_convert, lambda r: re.search(r" is (\d+) \w+\.$", r)),
+    "facts": (task_facts, lambda r: re.search(r" is ([^.]+)\.$", r)),
+}
+
+
+def check(example, response):
+    """True when `response` carries exactly the example's answer."""
+    extract = TASKS[example["task"]][1] if example["task"] in TASKS else None
+    response = response.strip()
+    if extract is None:
+        return response == example["answer"]
+    m = extract(response)
+    return m is not None and m.group(1) == example["answer"]
+
+
+# ---------------------------------------------------------------------------
+# Splits: a prompt belongs to exactly one split, by a stable hash of its text,
+# so train, validation and test can never share a prompt.
+
+# Families with a few hundred distinct prompts hold out a larger share of them.
+SMALL_FAMILIES = {"multiples", "spell", "reverse", "convert", "facts"}
+
+
+def split_of(prompt, held_out=0.04):
+    """'test', 'val' or 'train': each takes `held_out` of the prompt space."""
+    u = int(hashlib.md5(prompt.encode()).hexdigest()[:8], 16) / 16**8
+    return "test" if u < held_out else "val" if u < 2 * held_out else "train"
+
+
+def build_instruction_set(seed=0, n_train=40000, n_val=500, n_test=500):
+    """Deterministic train/val/test lists of {"task", "prompt", "response", "answer"}.
+
+    Train examples may repeat (as in any large instruction set); val and test
+    hold distinct prompts, balanced over the task families."""
+    rng = random.Random(seed)
+    splits = {"train": [], "val": [], "test": []}
+    quota = {"train": n_train // len(TASKS), "val": n_val // len(TASKS), "test": n_test // len(TASKS)}
+    for task, (generate, _) in TASKS.items():
+        held_out = 0.12 if task in SMALL_FAMILIES else 0.04
+        count, seen = dict.fromkeys(splits, 0), set()
+        for _ in range(20 * quota["train"]):  # small families run out of new held-out prompts
+            if count["train"] >= quota["train"]:
+                break
+            prompt, response, answer = generate(rng)
+            split = split_of(prompt, held_out)
+            if count[split] >= quota[split] or (split != "train" and prompt in seen):
+                continue
+            seen.add(prompt)
+            count[split] += 1
+            splits[split].append(dict(task=task, prompt=prompt, response=response, answer=answer))
+    for examples in splits.values():  # interleave the families (a prefix of test is a fair sample)
+        rng.shuffle(examples)
+    return splits
+
+
+def load_jsonl(path):
+    """A user's own instruction data: one {"prompt", "response"} or
+    {"messages": [{"role": "user", ...}, {"role": "assistant", ...}]} per line.
+    Split into train/val/test by the same prompt hash as the built-in set."""
+    splits = {"train": [], "val": [], "test": []}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                if "messages" in rec:
+                    roles = [m["role"] for m in rec["messages"]]
+                    if roles != ["user", "assistant"]:
+                        raise ValueError("messages must be one user turn then one assistant turn")
+                    rec = {"prompt": rec["messages"][0]["content"], "response": rec["messages"][1]["content"]}
+                prompt, response = rec["prompt"], rec["response"]
+                if not (isinstance(prompt, str) and isinstance(response, str)):
+                    raise ValueError("prompt and response must be strings")
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                raise ValueError(f"{path}:{lineno}: malformed record ({e}); expected "
+                                 '{"prompt": ..., "response": ...} or {"messages": [...]}') from None
+            splits[split_of(prompt)].append(dict(task="custom", prompt=prompt, response=response, answer=response.strip()))
+    if not splits["train"]:
+        raise ValueError(f"{path}: no training records")
+    return splits
+
+
+def load_splits(data_path, seed, n_train):
+    return load_jsonl(data_path) if data_path else build_instruction_set(seed, n_train)
+
+
+# ---------------------------------------------------------------------------
+# Tokenizer: byte-level BPE trained with rustbpe, served with tiktoken.
+
+# GPT-4's split pattern, except that digits are split one per token so that
+# arithmetic works digit by digit.
+SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+SPECIAL_TOKENS = ["<|endoftext|>", "<|mask|>", "<|user|>", "<|assistant|>"]
+
+
+class Tokenizer:
+    """Chat template: <|endoftext|><|user|>prompt<|assistant|>response<|endoftext|>"""
+
+    def __init__(self, pattern, ranks):
+        n = len(ranks)
+        self.enc = tiktoken.Encoding("mars", pat_str=pattern, mergeable_ranks=ranks,
+                                     special_tokens={s: n + i for i, s in enumerate(SPECIAL_TOKENS)})
+        self.pattern = pattern
+        self.eot, self.mask, self.user, self.assistant = (n + i for i in range(len(SPECIAL_TOKENS)))
+        self.n_vocab = n + len(SPECIAL_TOKENS)
+
+    @classmethod
+    def train(cls, texts, vocab_size):
+        bpe = rustbpe.Tokenizer()
+        bpe.train_from_iterator(iter(texts), vocab_size - len(SPECIAL_TOKENS), pattern=SPLIT_PATTERN)
+        return cls(SPLIT_PATTERN, dict(bpe.get_mergeable_ranks()))
+
+    def state(self):
+        """Plain types only, so a checkpoint loads with weights_only=True."""
+        ranks = sorted(self.enc._mergeable_ranks.items(), key=lambda kv: kv[1])
+        return {"pattern": self.pattern, "tokens": [tok.hex() for tok, _ in ranks]}
+
+    @classmethod
+    def from_state(cls, state):
+        return cls(state["pattern"], {bytes.fromhex(t): i for i, t in enumerate(state["tokens"])})
+
+    def encode(self, text):
+        # encode_ordinary: text typed by a user never becomes a special token.
+        return self.enc.encode_ordinary(text)
+
+    def decode(self, ids):
+        return self.enc.decode(ids)
+
+    def prompt_ids(self, prompt):
+        return [self.eot, self.user, *self.encode(prompt), self.assistant]
+
+    def example_ids(self, prompt, response):
+        """(ids, n_prompt): the full chat sequence and how many ids the prompt part takes."""
+        p = self.prompt_ids(prompt)
+        return p + self.encode(response) + [self.eot], len(p)
+
+
+def tokenize(examples, tok, max_seq_len):
+    """[(ids, n_prompt)] for examples that fit the context; the rest are dropped."""
+    out = [tok.example_ids(e["prompt"], e["response"]) for e in examples]
+    return [(ids, n) for ids, n in out if len(ids) - 1 <= max_seq_len]
+
+
+def make_batch(rows, pad_id):
+    """Right-padded inputs x and targets y (-1 = no loss). Input x is ids[:-1];
+    y[q] = ids[q+1] where that is a response token or the closing <|endoftext|>."""
+    T = max(len(ids) - 1 for ids, _ in rows)
+    x = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    y = torch.full((len(rows), T), -1, dtype=torch.long)
+    for i, (ids, n_prompt) in enumerate(rows):
+        t = torch.tensor(ids)
+        x[i, :len(ids) - 1] = t[:-1]
+        y[i, n_prompt - 1:len(ids) - 1] = t[n_prompt:]
+    return x, y

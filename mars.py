@@ -1,0 +1,122 @@
+"""MARS (Mask AutoRegression) in one file: the training input, the structured
+attention mask, the two-part loss, and the acceptance rule used at inference.
+
+Paper: "MARS: Enabling Autoregressive Models Multi-Token Generation", Jin et
+al., arXiv 2604.07023. Conventions: the hidden state at position q predicts
+token q+1 for real tokens and masks alike ("right-shifted logits"); B is the
+MARS block size; tau the acceptance threshold; ar_weight the paper's alpha.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+# ---------------------------------------------------------------------------
+# Training (paper section "Training")
+
+def mars_attention_mask(seq_len, block_size):
+    """Boolean (2T, 2T) mask over the [noisy | clean] input, True = may attend.
+
+    With logical position p and block(p) = p // B, query i may attend key j when
+      clean -> clean: pos_j <= pos_i                         (a plain AR model)
+      noisy -> noisy: same block and pos_j <= pos_i          (causal within a block)
+      noisy -> clean: block(j) < block(i)                    (earlier blocks only)
+      clean -> noisy: never
+    """
+    pos = torch.arange(seq_len)
+    blk = pos // block_size
+    causal = pos[None, :] <= pos[:, None]
+    same_block = blk[None, :] == blk[:, None]
+    earlier_block = blk[None, :] < blk[:, None]
+    top = torch.cat([causal & same_block, earlier_block], dim=1)  # noisy queries
+    bottom = torch.cat([torch.zeros_like(causal), causal], dim=1)  # clean queries
+    return torch.cat([top, bottom], dim=0)
+
+
+def noisy_copy(x, y, mask_id):
+    """Replace every response token of the input x with <|mask|>; prompt tokens stay.
+
+    Input position q holds a response token exactly when the target of q-1 does
+    (y is x shifted left, with -1 outside the response)."""
+    is_response = torch.zeros_like(x, dtype=torch.bool)
+    is_response[:, 1:] = y[:, :-1] != -1
+    return torch.where(is_response, torch.full_like(x, mask_id), x)
+
+
+def mars_loss(model, x, y, mask_id, block_size, ar_weight=1.0):
+    """Returns (loss, noisy_loss, clean_loss) for inputs x and targets y (b, T).
+
+    One forward over [noisy | clean] (length 2T) with shared positions 0..T-1;
+    loss = CE(noisy) + ar_weight * CE(clean), over positions whose target is a
+    response token. Logits are computed only there (the 2T sequence would
+    otherwise double the largest tensor of the step)."""
+    b, T = x.shape
+    ids = torch.cat([noisy_copy(x, y, mask_id), x], dim=1)
+    pos = torch.arange(T, device=x.device).repeat(2)
+    attn_mask = mars_attention_mask(T, block_size).to(x.device)
+    targets = torch.cat([y, y], dim=1)
+    where = targets != -1
+    logits = model(ids, positions=pos, attn_mask=attn_mask, logits_at=where)
+    ce = F.cross_entropy(logits.float(), targets[where], reduction="none")
+    is_noisy = torch.arange(2 * T, device=x.device).expand(b, -1)[where] < T
+    noisy_loss, clean_loss = ce[is_noisy].mean(), ce[~is_noisy].mean()
+    return noisy_loss + ar_weight * clean_loss, noisy_loss, clean_loss
+
+
+def ar_loss(model, x, y):
+    """Stage 1 (AR SFT): next-token cross-entropy on the response tokens only."""
+    where = y != -1
+    return F.cross_entropy(model(x, logits_at=where).float(), y[where])
+
+
+# ---------------------------------------------------------------------------
+# Inference (paper section "Inference"): which predictions of a window to commit
+
+METRICS = ("prob", "entropy", "margin")
+
+
+def choose(logits, temperature=0.0, metric="prob", generator=None):
+    """Tokens and their confidence in [0, 1] for logits (..., vocab).
+
+    Greedy at temperature 0, else Gumbel-max sampling of softmax(logits / T);
+    the confidence always comes from that softmax:
+      prob:    probability of the chosen token
+      margin:  top-1 minus top-2 probability
+      entropy: 1 - H(p) / log(vocab), so that one rule, conf >= tau, serves all
+    """
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+        u = torch.rand(logits.shape, generator=generator, device=logits.device)
+        tokens = (logits - torch.log(-torch.log(u.clamp_min(1e-20)))).argmax(-1)
+    else:
+        tokens = logits.argmax(-1)
+    probs = logits.softmax(-1)
+    if metric == "prob":
+        conf = probs.gather(-1, tokens[..., None])[..., 0]
+    elif metric == "margin":
+        top2 = probs.topk(2, dim=-1).values
+        conf = top2[..., 0] - top2[..., 1]
+    elif metric == "entropy":
+        h = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+        conf = 1 - h / math.log(logits.shape[-1])
+    else:
+        raise ValueError(f"unknown confidence metric {metric!r}; choose from {METRICS}")
+    return tokens, conf
+
+
+def accept(conf, tau, max_accept=None):
+    """How many predictions of each window to commit: (b, B) confidences -> (b,).
+
+    The first prediction (the last real token's, i.e. the AR prediction) is
+    always committed; then predictions 2, 3, ... left to right while conf >= tau,
+    stopping at the first that falls short. tau >= 1 commits exactly one token:
+    a float32 probability can round to 1.0, and conf >= 1.0 would take more.
+    tau is a number or one per row (a threshold per request)."""
+    b, B = conf.shape
+    tau = torch.as_tensor(tau, dtype=conf.dtype, device=conf.device).expand(b)
+    ok = (conf >= tau[:, None]) & (tau[:, None] < 1)
+    ok[:, 0] = True
+    n = ok.long().cumprod(dim=1).sum(dim=1)
+    return n if max_accept is None else n.clamp(max=max_accept)

@@ -1,0 +1,396 @@
+"""Train stage 1 (AR SFT) and stage 2 (MARS) on the instruction set.
+
+    python train.py                       # both stages with the default preset
+    python train.py --preset tiny         # seconds, for tests
+    python train.py --stage mars --init_from out/ar.pt
+    torchrun --standalone --nproc_per_node=2 train.py --preset tiny   # data parallel
+
+Writes <out_dir>/ar.pt and mars.pt (self-contained: weights, model config,
+tokenizer, training config, optimizer state for --resume), a JSON log and a
+loss plot per stage, and a short held-out evaluation (summary.json).
+"""
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import data
+import mars
+from model import GPT, GPTConfig
+
+# One source of truth for every number: flags override single entries.
+PRESETS = {
+    "tiny": dict(n_layer=2, n_head=2, n_embd=64, max_seq_len=64, vocab_size=512, n_train=4000,
+                 batch_size=16, ar_iters=60, mars_iters=60, lr=3e-3, eval_every=30, save_every=30,
+                 summary_limit=40),
+    "cpu": dict(n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048, n_train=40000,
+                batch_size=32, ar_iters=2400, mars_iters=1200, lr=2e-3, eval_every=200, save_every=200,
+                summary_limit=None),
+    "gpu": dict(n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000,
+                batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, eval_every=500, save_every=500,
+                summary_limit=None),
+}
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
+
+
+class TrainingError(Exception):
+    """A problem the user can fix: reported as one line, exit code 1."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, for every CLI of the project."""
+
+    def __init__(self, doc):
+        super().__init__(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def get_args(argv=None):
+    p = Parser(__doc__)
+    p.add_argument("--preset", choices=PRESETS, default=None,
+                   help="size of model and run: tiny (seconds), cpu (laptop, ~20 min), gpu (one GPU); "
+                        "default gpu when CUDA is available, else cpu")
+    p.add_argument("--stage", choices=["ar", "mars", "all"], default="all",
+                   help="ar: stage 1 (AR SFT); mars: stage 2 from --init_from; all: both (default)")
+    p.add_argument("--init_from", default=None, help="stage-1 checkpoint to start stage 2 from (default <out_dir>/ar.pt)")
+    p.add_argument("--out_dir", default="out", help="where checkpoints, logs and plots go (default out)")
+    p.add_argument("--data", default=None, help="your own instruction data: JSONL of {prompt, response} or {messages}")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from the checkpoints in --out_dir")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default cuda when available)")
+    p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batch order")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (CUDA only)")
+    g = p.add_argument_group("MARS (stage 2)")
+    g.add_argument("--block_size", type=int, default=4, help="B, the MARS block: masks predicted together (default 4)")
+    g.add_argument("--ar_weight", type=float, default=1.0,
+                   help="alpha, weight of the clean-stream (AR) loss; 0 is the paper's 'w/o SFT loss' ablation")
+    g = p.add_argument_group("preset overrides (default: the preset's value)")
+    g.add_argument("--n_layer", type=int, help="transformer layers")
+    g.add_argument("--n_head", type=int, help="attention heads")
+    g.add_argument("--n_embd", type=int, help="model width")
+    g.add_argument("--max_seq_len", type=int, help="context length in tokens; longer examples are dropped")
+    g.add_argument("--vocab_size", type=int, help="tokenizer vocabulary including special tokens (at most)")
+    g.add_argument("--n_train", type=int, help="training examples generated for the built-in instruction set")
+    g.add_argument("--batch_size", type=int, help="global batch in sequences, whatever the number of processes")
+    g.add_argument("--micro_batch", type=int, help="sequences per forward per process; the rest is gradient "
+                                                   "accumulation (default batch_size / processes)")
+    g.add_argument("--ar_iters", type=int, help="optimizer steps of stage 1")
+    g.add_argument("--mars_iters", type=int, help="optimizer steps of stage 2")
+    g.add_argument("--lr", type=float, help="peak learning rate (linear warmup, then cosine to lr/10)")
+    g.add_argument("--warmup", type=float, default=0.05, help="warmup as a fraction of the stage's steps (default 0.05)")
+    g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay on matrices (default 0.1)")
+    g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (default 1.0)")
+    g.add_argument("--eval_every", type=int, help="steps between validation losses")
+    g.add_argument("--save_every", type=int, help="steps between checkpoints")
+    g.add_argument("--summary_limit", type=int, help="held-out prompts in the final summary (default all)")
+    args = p.parse_args(argv)
+    args.preset = args.preset or ("gpu" if torch.cuda.is_available() else "cpu")
+    for k, v in PRESETS[args.preset].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.block_size < 1:
+        p.error("--block_size must be at least 1")
+    if args.ar_weight < 0:
+        p.error("--ar_weight must be >= 0")
+    return args
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints: atomic (temp file + rename), plain types, weights_only loadable
+
+def save_checkpoint(path, ckpt):
+    tmp = path + ".tmp"
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, device="cpu"):
+    """The checkpoint dict, or TrainingError with a one-line reason."""
+    if not os.path.isfile(path):
+        raise TrainingError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+        assert isinstance(ckpt, dict) and {"model", "model_config", "tokenizer"} <= ckpt.keys()
+        return ckpt
+    except Exception:
+        raise TrainingError(f"not a readable checkpoint of this project: {path}") from None
+
+
+def model_from_checkpoint(ckpt, device="cpu"):
+    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device), data.Tokenizer.from_state(ckpt["tokenizer"])
+
+
+# ---------------------------------------------------------------------------
+# The loop, shared by both stages: only the loss function differs
+
+class Interrupt:
+    """Ctrl-C sets a flag; the loop stops at the next step boundary, checkpointed."""
+
+    def __init__(self):
+        self.requested = False
+        signal.signal(signal.SIGINT, self.handle)
+
+    def handle(self, *_):
+        self.requested = True
+
+
+def lr_at(it, args, iters):
+    warmup = max(1, int(args.warmup * iters))
+    if it < warmup:
+        return args.lr * (it + 1) / warmup
+    progress = (it - warmup) / max(1, iters - warmup)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train_stage(stage, model, tok, splits, args, dist_info, state=None):
+    """Runs one stage to the end (or to Ctrl-C) and writes <out_dir>/<stage>.pt."""
+    rank, world = dist_info
+    master = rank == 0
+    device = args.device
+    iters = args.ar_iters if stage == "ar" else args.mars_iters
+    path = os.path.join(args.out_dir, f"{stage}.pt")
+    train_rows = data.tokenize(splits["train"], tok, args.max_seq_len)
+    val_rows = data.tokenize(splits["val"], tok, args.max_seq_len)[:256]
+    if not train_rows:
+        raise TrainingError(f"no training example fits --max_seq_len {args.max_seq_len}")
+
+    micro = args.micro_batch or args.batch_size // world
+    if micro < 1 or args.batch_size % (micro * world):
+        raise TrainingError(f"--batch_size {args.batch_size} is not a multiple of --micro_batch {micro} x {world} processes")
+    accum = args.batch_size // (micro * world)
+
+    if stage == "ar":
+        def loss_fn(m, x, y):
+            loss = mars.ar_loss(m, x, y)
+            return loss, {"loss": loss}
+    else:
+        def loss_fn(m, x, y):
+            loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, args.block_size, args.ar_weight)
+            return loss, {"loss": loss, "noisy": noisy, "clean": clean}
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    fused = device.startswith("cuda")
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=args.lr, betas=(0.9, 0.95), fused=fused)
+    order = torch.Generator().manual_seed(args.seed + (0 if stage == "ar" else 1))
+    start, history = 0, []
+    if state is not None:  # --resume
+        optimizer.load_state_dict(state["optimizer"])
+        order.set_state(state["order_rng"])
+        start, history = state["iter"], state["history"]
+
+    run = torch.compile(model) if args.compile and device.startswith("cuda") else model
+    run = DDP(run) if world > 1 else run
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
+    pad = tok.eot
+
+    def checkpoint(it, done):
+        if not master:
+            return
+        ckpt = {"model": model.state_dict(), "model_config": asdict(model.config), "tokenizer": tok.state(),
+                "train_config": vars(args), "stage": stage, "iter": it, "done": done,
+                "optimizer": optimizer.state_dict(), "order_rng": order.get_state(), "history": history}
+        if stage == "mars":
+            ckpt["mars"] = {"B": args.block_size, "ar_weight": args.ar_weight}
+        save_checkpoint(path, ckpt)
+
+    @torch.no_grad()
+    def val_losses():
+        model.eval()
+        sums = {}
+        for i in range(0, len(val_rows), micro):
+            x, y = data.make_batch(val_rows[i:i + micro], pad)
+            with amp:
+                _, parts = loss_fn(model, x.to(device), y.to(device))
+            for k, v in parts.items():
+                sums[k] = sums.get(k, 0.0) + v.item()
+        model.train()
+        n = math.ceil(len(val_rows) / micro)
+        return {f"val_{k}": v / n for k, v in sums.items()}
+
+    interrupt = Interrupt()
+    model.train()
+    t0, tokens_seen, t_last = time.time(), 0, time.time()
+    for it in range(start, iters):
+        lr = lr_at(it, args, iters)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        # every process draws the same global batch, then takes its own share
+        batch = torch.randint(len(train_rows), (args.batch_size,), generator=order).tolist()
+        mine = batch[rank * micro * accum:(rank + 1) * micro * accum]
+        logged = {}
+        for a in range(accum):
+            x, y = data.make_batch([train_rows[i] for i in mine[a * micro:(a + 1) * micro]], pad)
+            x, y = x.to(device), y.to(device)
+            tokens_seen += x.numel() * world
+            if world > 1:
+                run.require_backward_grad_sync = a == accum - 1
+            with amp:
+                loss, parts = loss_fn(run, x, y)
+            (loss / accum).backward()
+            for k, v in parts.items():
+                logged[k] = logged.get(k, 0.0) + v.item() / accum
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        if not torch.isfinite(norm):  # identical on every process after the all-reduce
+            raise TrainingError(f"non-finite loss or gradient at {stage} step {it} (loss {logged['loss']:.4g}); "
+                                f"stopped without updating; the last good checkpoint is {path}"
+                                + (" (none was written yet)" if not os.path.exists(path) else ""))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        record = {"iter": it + 1, "lr": lr, **logged}
+        last = it + 1 == iters
+        if (it + 1) % args.eval_every == 0 or last:
+            record.update(val_losses())
+        history.append(record)
+        if master and ((it + 1) % max(10, iters // 50) == 0 or last or "val_loss" in record):
+            elapsed = time.time() - t0
+            eta = elapsed / (it + 1 - start) * (iters - it - 1)
+            parts = " ".join(f"{k} {v:.3f}" for k, v in record.items() if k not in ("iter", "lr"))
+            print(f"{stage} {it + 1}/{iters} | {parts} | lr {lr:.2e} | "
+                  f"{tokens_seen / (time.time() - t_last):,.0f} tok/s | ETA {eta / 60:.1f} min", flush=True)
+            tokens_seen, t_last = 0, time.time()
+        stop = torch.tensor(float(interrupt.requested))
+        if world > 1:  # every process stops at the same step
+            dist.all_reduce(stop)
+        if stop.item() or last or (it + 1) % args.save_every == 0:
+            checkpoint(it + 1, last)
+        if stop.item() and not last:
+            if master:
+                cmd = " ".join(["python"] + sys.argv + ([] if "--resume" in sys.argv else ["--resume"]))
+                print(f"\ninterrupted: {path} holds step {it + 1} of {iters}; resume with:\n  {cmd}", flush=True)
+            raise SystemExit(130)
+    if master:
+        write_log_and_plot(stage, history, args.out_dir)
+    return model
+
+
+def write_log_and_plot(stage, history, out_dir):
+    with open(os.path.join(out_dir, f"{stage}_log.json"), "w") as f:
+        json.dump(history, f)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in ("loss", "noisy", "clean"):
+        if key in history[-1]:
+            ax.plot([h["iter"] for h in history], [h[key] for h in history], label=f"train {key}", lw=0.8)
+    val = [h for h in history if "val_loss" in h]
+    ax.plot([h["iter"] for h in val], [h["val_loss"] for h in val], "o-", label="val loss")
+    ax.set(xlabel="step", ylabel="cross-entropy", yscale="log", title=f"stage {stage}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, f"{stage}_loss.png"), dpi=100)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------
+
+def summary(args, splits):
+    """Held-out accuracy of stage 1 and of MARS at tau = 1.0 and 0.9."""
+    from eval import score
+    test = splits["test"][:args.summary_limit]
+    rows = []
+    ar_model, tok = model_from_checkpoint(load_checkpoint(os.path.join(args.out_dir, "ar.pt")), args.device)
+    rows.append(("stage 1 (AR SFT)", None, score(ar_model, tok, test, B=1)))
+    mars_model, tok = model_from_checkpoint(load_checkpoint(os.path.join(args.out_dir, "mars.pt")), args.device)
+    for tau in (1.0, 0.9):
+        rows.append((f"MARS tau={tau}", tau, score(mars_model, tok, test, B=args.block_size, tau=tau)))
+    print(f"\nheld-out test set ({len(test)} prompts)")
+    print("| model | accuracy | tokens/forward |\n|---|---|---|")
+    for name, _, r in rows:
+        print(f"| {name} | {100 * r['accuracy']:.1f}% | {r['tokens_per_forward']:.2f} |")
+    with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
+        json.dump([{"model": n, "threshold": t, **r} for n, t, r in rows], f, indent=1)
+
+
+def main(argv=None):
+    args = get_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    if world > 1:
+        backend = "nccl" if args.device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend)
+        if args.device.startswith("cuda"):
+            args.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+            torch.cuda.set_device(args.device)
+    master = rank == 0
+    if not args.device.startswith("cuda") and args.compile and master:
+        print("note: --compile is used on CUDA only; ignored on this device")
+    if not args.device.startswith("cuda") and args.preset == "gpu" and master:
+        print("note: bf16 autocast is used on CUDA only; training in float32")
+    os.makedirs(args.out_dir, exist_ok=True)
+    torch.manual_seed(args.seed)
+
+    stages = ["ar", "mars"] if args.stage == "all" else [args.stage]
+    resume_state = {}
+    if args.resume:
+        for stage in ("mars", "ar"):
+            path = os.path.join(args.out_dir, f"{stage}.pt")
+            if stage in stages and os.path.exists(path):
+                ckpt = load_checkpoint(path)
+                if ckpt.get("done"):
+                    stages = stages[stages.index(stage) + 1:]
+                    if master:
+                        print(f"resuming: stage {stage} is complete in {path}" + ("" if stages else "; nothing to do"))
+                else:
+                    stages = stages[stages.index(stage):]
+                    resume_state[stage] = ckpt
+                    if master:
+                        print(f"resuming stage {stage} at step {ckpt['iter']} from {path}")
+                break
+        else:
+            if master:
+                print(f"resuming: no checkpoint in {args.out_dir}; starting from scratch")
+
+    splits, tok = None, None
+    for stage in stages:
+        state = resume_state.get(stage)
+        if stage == "ar" and state is None:
+            splits = data.load_splits(args.data, args.seed, args.n_train)
+            texts = (e["prompt"] + "\n" + e["response"] for e in splits["train"])
+            tok = data.Tokenizer.train(texts, args.vocab_size)
+            config = GPTConfig(vocab_size=tok.n_vocab, **{k: getattr(args, k) for k in MODEL_KEYS})
+            model = GPT(config).to(args.device)
+            if master:
+                print(f"instruction set: {', '.join(f'{k} {len(v)}' for k, v in splits.items())}; "
+                      f"tokenizer: {tok.n_vocab} tokens; model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+        else:
+            source = state or load_checkpoint(args.init_from or os.path.join(args.out_dir, "ar.pt"))
+            if stage == "mars" and state is None and source.get("stage") != "ar":
+                raise TrainingError("--init_from must be a stage-1 (ar) checkpoint")
+            model, tok = model_from_checkpoint(source, args.device)
+            for k in MODEL_KEYS:  # the architecture comes from the checkpoint
+                setattr(args, k, source["model_config"][k])
+            if splits is None:
+                prev = source["train_config"]
+                args.data = args.data or prev["data"]
+                splits = data.load_splits(args.data, prev["seed"], prev["n_train"])
+        train_stage(stage, model, tok, splits, args, (rank, world), state)
+    if master and args.stage == "all" and stages:
+        summary(args, splits)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (TrainingError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
