@@ -155,12 +155,11 @@ def main(argv=None):
 
 
 def plot_pareto(quality, path, B):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
     sweep = [q for q in quality if q["decoder"] == "mars"]
     ar = next(q for q in quality if q["decoder"] == "ar")
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     ax.plot([q["tokens_per_forward"] for q in sweep], [100 * q["accuracy"] for q in sweep], "o-", label=f"MARS (B={B})")
     for q in sweep:
         ax.annotate(f"{q['threshold']}", (q["tokens_per_forward"], 100 * q["accuracy"]),
@@ -173,7 +172,6 @@ def plot_pareto(quality, path, B):
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def markdown(result):

@@ -45,15 +45,17 @@ def generate(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="sliding", 
     tau: threshold, a number or one per prompt (mars.accept).
     cache: none (full forward each step; the reference), sliding (cache the
         committed prefix, roll the mask entries back after each step) or block
-        (the paper's block-level cache: the prefix is cached once per
-        `cache_block` committed tokens, when every row has filled its block;
-        rows that have filled it wait).
+        (the paper's block-level cache for batches: the prefix is cached once
+        per `cache_block` committed tokens, when every row has filled its
+        block; rows that have filled it wait). All three commit the same tokens.
     lossless: commit only tokens equal to the AR argmax (see `lossless_commit`).
     """
     if cache not in CACHE_MODES:
         raise ValueError(f"cache must be one of {CACHE_MODES}")
     if lossless and (cache == "block" or temperature > 0):
         raise ValueError("lossless decoding is greedy, with cache none or sliding")
+    if not prompts:
+        return []
     device = model.wte.weight.device
     max_seq = model.config.max_seq_len
     for p in prompts:
@@ -70,11 +72,13 @@ def generate(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="sliding", 
     step, t0 = 0, time.time()
     while active:
         pre = [len(seqs[r]) for r in active]
-        # block cache: extend only when every row has filled its block (and at the prefill)
-        extend = cache != "block" or step == 0 or all(n - cached[r] >= cache_block for n, r in zip(pre, active))
-        budget = [min(max_new_tokens - len(out[r].tokens), max_seq - n) for n, r in zip(pre, active)]
-        if not extend:
-            budget = [min(b, cached[r] + cache_block - n) for b, n, r in zip(budget, pre, active)]
+        # block cache: extend only when every row has filled its block (and at the prefill);
+        # until then a row that has filled it waits (commits nothing), so every row commits
+        # exactly what the sliding cache would, only the caching differs
+        filled = [n - cached[r] >= cache_block for n, r in zip(pre, active)]
+        extend = cache != "block" or step == 0 or all(filled)
+        budget = [0 if f and not extend else min(max_new_tokens - len(out[r].tokens), max_seq - n)
+                  for f, n, r in zip(filled, pre, active)]
 
         # the window: [uncached real tokens | drafts | masks], right-padded with masks
         start = [0 if kv is None else cached[r] for r in active]
@@ -247,7 +251,10 @@ def main(argv=None):
                     except argparse.ArgumentTypeError as e:
                         print(f"error: /tau {e}", file=sys.stderr)
                 elif line:
-                    answer([line], tau)
+                    try:
+                        answer([line], tau)
+                    except ValueError as e:  # e.g. a prompt longer than the context: say so, go on
+                        print(f"error: {e}", file=sys.stderr)
         except KeyboardInterrupt:
             print(file=sys.stderr)
         return

@@ -99,6 +99,7 @@ def get_args(argv=None):
         if getattr(args, k) is None:
             setattr(args, k, v)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.data = args.data and os.path.abspath(args.data)  # the checkpoint must find it from anywhere
     if args.block_size < 1:
         p.error("--block_size must be at least 1")
     if args.ar_weight < 0:
@@ -137,11 +138,16 @@ def model_from_checkpoint(ckpt, device="cpu"):
 # The loop, shared by both stages: only the loss function differs
 
 class Interrupt:
-    """Ctrl-C sets a flag; the loop stops at the next step boundary, checkpointed."""
+    """Within `with Interrupt() as i:`, Ctrl-C sets i.requested instead of raising,
+    so the loop can stop at the next step boundary with a checkpoint."""
 
-    def __init__(self):
+    def __enter__(self):
         self.requested = False
-        signal.signal(signal.SIGINT, self.handle)
+        self.previous = signal.signal(signal.SIGINT, self.handle)
+        return self
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self.previous)
 
     def handle(self, *_):
         self.requested = True
@@ -223,58 +229,58 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
         n = math.ceil(len(val_rows) / micro)
         return {f"val_{k}": v / n for k, v in sums.items()}
 
-    interrupt = Interrupt()
-    model.train()
-    t0, tokens_seen, t_last = time.time(), 0, time.time()
-    for it in range(start, iters):
-        lr = lr_at(it, args, iters)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        # every process draws the same global batch, then takes its own share
-        batch = torch.randint(len(train_rows), (args.batch_size,), generator=order).tolist()
-        mine = batch[rank * micro * accum:(rank + 1) * micro * accum]
-        logged = {}
-        for a in range(accum):
-            x, y = data.make_batch([train_rows[i] for i in mine[a * micro:(a + 1) * micro]], pad)
-            x, y = x.to(device), y.to(device)
-            tokens_seen += x.numel() * world
-            if world > 1:
-                run.require_backward_grad_sync = a == accum - 1
-            with amp:
-                loss, parts = loss_fn(run, x, y)
-            (loss / accum).backward()
-            for k, v in parts.items():
-                logged[k] = logged.get(k, 0.0) + v.item() / accum
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        if not torch.isfinite(norm):  # identical on every process after the all-reduce
-            raise TrainingError(f"non-finite loss or gradient at {stage} step {it} (loss {logged['loss']:.4g}); "
-                                f"stopped without updating; the last good checkpoint is {path}"
-                                + (" (none was written yet)" if not os.path.exists(path) else ""))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    with Interrupt() as interrupt:
+        model.train()
+        t0, tokens_seen, t_last = time.time(), 0, time.time()
+        for it in range(start, iters):
+            lr = lr_at(it, args, iters)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            # every process draws the same global batch, then takes its own share
+            batch = torch.randint(len(train_rows), (args.batch_size,), generator=order).tolist()
+            mine = batch[rank * micro * accum:(rank + 1) * micro * accum]
+            logged = {}
+            for a in range(accum):
+                x, y = data.make_batch([train_rows[i] for i in mine[a * micro:(a + 1) * micro]], pad)
+                x, y = x.to(device), y.to(device)
+                tokens_seen += x.numel() * world
+                if world > 1:
+                    run.require_backward_grad_sync = a == accum - 1
+                with amp:
+                    loss, parts = loss_fn(run, x, y)
+                (loss / accum).backward()
+                for k, v in parts.items():
+                    logged[k] = logged.get(k, 0.0) + v.item() / accum
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+            if not torch.isfinite(norm):  # identical on every process after the all-reduce
+                raise TrainingError(f"non-finite loss or gradient at {stage} step {it} (loss {logged['loss']:.4g}); "
+                                    f"stopped without updating; the last good checkpoint is {path}"
+                                    + (" (none was written yet)" if not os.path.exists(path) else ""))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
-        record = {"iter": it + 1, "lr": lr, **logged}
-        last = it + 1 == iters
-        if (it + 1) % args.eval_every == 0 or last:
-            record.update(val_losses())
-        history.append(record)
-        if master and ((it + 1) % max(10, iters // 50) == 0 or last or "val_loss" in record):
-            elapsed = time.time() - t0
-            eta = elapsed / (it + 1 - start) * (iters - it - 1)
-            parts = " ".join(f"{k} {v:.3f}" for k, v in record.items() if k not in ("iter", "lr"))
-            print(f"{stage} {it + 1}/{iters} | {parts} | lr {lr:.2e} | "
-                  f"{tokens_seen / (time.time() - t_last):,.0f} tok/s | ETA {eta / 60:.1f} min", flush=True)
-            tokens_seen, t_last = 0, time.time()
-        stop = torch.tensor(float(interrupt.requested))
-        if world > 1:  # every process stops at the same step
-            dist.all_reduce(stop)
-        if stop.item() or last or (it + 1) % args.save_every == 0:
-            checkpoint(it + 1, last)
-        if stop.item() and not last:
-            if master:
-                cmd = " ".join(["python"] + sys.argv + ([] if "--resume" in sys.argv else ["--resume"]))
-                print(f"\ninterrupted: {path} holds step {it + 1} of {iters}; resume with:\n  {cmd}", flush=True)
-            raise SystemExit(130)
+            record = {"iter": it + 1, "lr": lr, **logged}
+            last = it + 1 == iters
+            if (it + 1) % args.eval_every == 0 or last:
+                record.update(val_losses())
+            history.append(record)
+            if master and ((it + 1) % max(10, iters // 50) == 0 or last or "val_loss" in record):
+                elapsed = time.time() - t0
+                eta = elapsed / (it + 1 - start) * (iters - it - 1)
+                parts = " ".join(f"{k} {v:.3f}" for k, v in record.items() if k not in ("iter", "lr"))
+                print(f"{stage} {it + 1}/{iters} | {parts} | lr {lr:.2e} | "
+                      f"{tokens_seen / (time.time() - t_last):,.0f} tok/s | ETA {eta / 60:.1f} min", flush=True)
+                tokens_seen, t_last = 0, time.time()
+            stop = torch.tensor(float(interrupt.requested))
+            if world > 1:  # every process stops at the same step
+                dist.all_reduce(stop)
+            if stop.item() or last or (it + 1) % args.save_every == 0:
+                checkpoint(it + 1, last)
+            if stop.item() and not last:
+                if master:
+                    cmd = " ".join(["python"] + sys.argv + ([] if "--resume" in sys.argv else ["--resume"]))
+                    print(f"\ninterrupted: {path} holds step {it + 1} of {iters}; resume with:\n  {cmd}", flush=True)
+                raise SystemExit(130)
     if master:
         write_log_and_plot(stage, history, args.out_dir)
     return model
@@ -283,10 +289,9 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
 def write_log_and_plot(stage, history, out_dir):
     with open(os.path.join(out_dir, f"{stage}_log.json"), "w") as f:
         json.dump(history, f)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
+    from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     for key in ("loss", "noisy", "clean"):
         if key in history[-1]:
             ax.plot([h["iter"] for h in history], [h[key] for h in history], label=f"train {key}", lw=0.8)
@@ -296,7 +301,6 @@ def write_log_and_plot(stage, history, out_dir):
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, f"{stage}_loss.png"), dpi=100)
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------
@@ -382,8 +386,13 @@ def main(argv=None):
                 args.data = args.data or prev["data"]
                 splits = data.load_splits(args.data, prev["seed"], prev["n_train"])
         train_stage(stage, model, tok, splits, args, (rank, world), state)
+        if world > 1:  # the next stage reads the checkpoint rank 0 has just written
+            dist.barrier()
     if master and args.stage == "all" and stages:
-        summary(args, splits)
+        if splits["test"]:
+            summary(args, splits)
+        else:
+            print("no held-out test examples in this data: skipping the summary")
     if world > 1:
         dist.destroy_process_group()
 

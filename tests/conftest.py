@@ -1,0 +1,90 @@
+"""Shared fixtures: tiny random models, the built-in data and tokenizer, one
+trained tiny run (both stages) whose checkpoints several test files share,
+and a helper that runs the command-line tools as subprocesses."""
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# The test models are tiny: one thread is fastest, and on a busy machine the
+# default (one per core) makes every forward wait on the others (~300x slower).
+torch.set_num_threads(1)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+import data  # noqa: E402
+import model  # noqa: E402
+
+V = 48  # vocabulary of the random test models
+EOT, MASK = V - 2, V - 1
+
+
+def tiny_config(vocab_size=V):
+    return model.GPTConfig(vocab_size=vocab_size, max_seq_len=64, n_layer=2, n_head=2, n_embd=32)
+
+
+def random_model(seed=0, sharp=True):
+    """A float64 random GPT. With sharp=True its greedy output is varied (larger
+    weights mix the residual stream, so it does not just repeat its input) and
+    confident (ln_f scaled by 10 sharpens every softmax without changing any
+    argmax), so that MARS acceptance at tau < 1 really commits several tokens."""
+    torch.manual_seed(seed)
+    m = model.GPT(tiny_config()).double().eval()
+    if sharp:
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if p.dim() == 2 and not name.startswith("w"):
+                    p.normal_(0, 0.2)
+            m.wte.weight.mul_(3)
+            m.wpe.weight.mul_(3)
+            m.ln_f.weight.mul_(10)
+    return m
+
+
+def random_prompts(lengths, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, V - 2, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="session")
+def splits():
+    return data.build_instruction_set(0, n_train=4000)
+
+
+@pytest.fixture(scope="session")
+def tok(splits):
+    return data.Tokenizer.train((e["prompt"] + "\n" + e["response"] for e in splits["train"]), 512)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """Both training stages of the tiny preset, once per session: out_dir with ar.pt and mars.pt."""
+    import train
+    out = tmp_path_factory.mktemp("tiny_run")
+    handler = signal.getsignal(signal.SIGINT)  # train installs its own Ctrl-C handler
+    try:
+        train.main(["--preset", "tiny", "--out_dir", str(out), "--stage", "all", "--device", "cpu"])
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    return out
+
+
+def run_cli(args, stdin=None, timeout=300, env=None, cwd=ROOT):
+    """Run `python <args>` from the repo root; returns the CompletedProcess (text)."""
+    e = {**os.environ, **ONE_THREAD, **(env or {})}
+    return subprocess.run([sys.executable, *map(str, args)], input=stdin, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=e)
+
+
+def assert_one_line_error(proc):
+    """A user error: non-zero exit, a single 'error: ...' line on stderr, no traceback."""
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr

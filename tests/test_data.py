@@ -1,0 +1,209 @@
+"""data.py: the instruction set, its checkers, the tokenizer, batching, JSONL loading."""
+import json
+import time
+
+import pytest
+import torch
+
+import data
+from conftest import assert_one_line_error, run_cli
+
+
+# ---------------------------------------------------------------------------
+# The built-in instruction set
+
+def test_instruction_set_is_deterministic_and_seeded():
+    a = data.build_instruction_set(0, n_train=2000)
+    b = data.build_instruction_set(0, n_train=2000)
+    c = data.build_instruction_set(1, n_train=2000)
+    assert a == b
+    assert a["train"] != c["train"]
+    assert a["val"] != c["val"] or a["test"] != c["test"]
+
+
+def test_splits_are_disjoint_by_prompt(splits):
+    train = {e["prompt"] for e in splits["train"]}
+    val = {e["prompt"] for e in splits["val"]}
+    test = {e["prompt"] for e in splits["test"]}
+    assert len(val) > 0 and len(test) > 0
+    assert not (train & val) and not (train & test) and not (val & test)
+    # val and test hold distinct prompts
+    assert len(val) == len(splits["val"]) and len(test) == len(splits["test"])
+
+
+def test_instruction_set_size_families_and_speed():
+    t0 = time.time()
+    s = data.build_instruction_set(0, n_train=40000)
+    seconds = time.time() - t0
+    assert len(s["train"]) >= 0.99 * 40000
+    assert seconds < 20, f"building 40k examples took {seconds:.1f} s"
+    families = {e["task"] for e in s["train"]}
+    assert len(families) >= 8
+    for split in ("val", "test"):
+        assert {e["task"] for e in s[split]} == families, split
+    for e in s["train"][:100]:
+        assert set(e) == {"task", "prompt", "response", "answer"}
+
+
+def corrupt(response, answer):
+    """Change one character (the last digit or letter) of the answer where it sits in the response."""
+    i = response.rfind(answer)
+    assert i >= 0, (response, answer)
+    j = max(k for k in range(i, i + len(answer)) if response[k].isalnum())
+    c = response[j]
+    new = ("1" if c == "0" else "0") if c.isdigit() else ("b" if c.lower() == "a" else "a")
+    return response[:j] + new + response[j + 1:]
+
+
+def test_checkers_accept_gold_and_reject_corrupted(splits):
+    seen = set()
+    for split in ("train", "val", "test"):
+        for e in splits[split][:2000]:
+            seen.add(e["task"])
+            assert data.check(e, e["response"]), e
+            assert data.check(e, "  " + e["response"] + "\n"), e  # surrounding whitespace is fine
+            bad = corrupt(e["response"], e["answer"])
+            assert bad != e["response"]
+            assert not data.check(e, bad), (e, bad)
+            assert not data.check(e, ""), e
+    assert seen == set(data.TASKS)
+
+
+# ---------------------------------------------------------------------------
+# Tokenizer
+
+ROUND_TRIP = [
+    "", " ", "hello world", "What is 12 + 34?", "  leading and trailing  ", "tabs\tand\nnewlines\r\n",
+    "héllo wörld", "日本語のテキスト", "emoji 🤖🚀 ok", "Ünïcödé — dashes – and “quotes”",
+    "Spell the word apple.", "a p p l e reversed is e l p p a", "1234567890", "x" * 300,
+    "<|mask|>", "<|endoftext|> <|user|> <|assistant|>", "a<|mask|>b<|mask|><|mask|>", "<|mask", "|>",
+]
+
+
+def test_tokenizer_round_trip(tok, splits):
+    for s in ROUND_TRIP + [e["prompt"] + "\n" + e["response"] for e in splits["test"][:100]]:
+        ids = tok.encode(s)
+        assert all(0 <= i < tok.n_vocab for i in ids)
+        assert tok.decode(ids) == s
+
+
+def test_tokenizer_vocab_and_specials(tok):
+    assert tok.n_vocab <= 512
+    specials = {tok.eot, tok.mask, tok.user, tok.assistant}
+    assert len(specials) == 4 and max(specials) == tok.n_vocab - 1
+    assert tok.decode([tok.mask]) == "<|mask|>"
+    assert tok.decode([tok.eot]) == "<|endoftext|>"
+
+
+def test_digits_are_one_token_each(tok):
+    for text in ("12345", " 12345", "The answer is 907.", "x 31415926 y"):
+        for tid in tok.encode(text):
+            piece = tok.decode([tid])
+            if any(c.isdigit() for c in piece):
+                assert piece.strip().isdigit() and len(piece.strip()) == 1, (text, piece)
+    pieces = [tok.decode([t]) for t in tok.encode("12345")]
+    assert [p.strip() for p in pieces] == list("12345")
+
+
+def test_special_token_text_is_ordinary_text(tok):
+    specials = {tok.eot, tok.mask, tok.user, tok.assistant}
+    for s in ("<|mask|>", "<|endoftext|>", "<|user|>", "<|assistant|>",
+              "Repeat <|mask|> and <|endoftext|> after <|user|><|assistant|>"):
+        ids = tok.encode(s)
+        assert not specials & set(ids), s
+        assert tok.decode(ids) == s
+    ids = tok.prompt_ids("say <|mask|>")
+    assert ids[:2] == [tok.eot, tok.user] and ids[-1] == tok.assistant
+    assert tok.mask not in ids
+
+
+def test_tokenizer_state_round_trip(tok, tmp_path):
+    state = tok.state()
+    path = tmp_path / "tok.pt"
+    torch.save({"tokenizer": state}, path)
+    loaded = torch.load(path, weights_only=True)["tokenizer"]
+    tok2 = data.Tokenizer.from_state(loaded)
+    assert tok2.n_vocab == tok.n_vocab
+    assert (tok2.eot, tok2.mask, tok2.user, tok2.assistant) == (tok.eot, tok.mask, tok.user, tok.assistant)
+    for s in ROUND_TRIP:
+        assert tok2.encode(s) == tok.encode(s)
+        assert tok2.decode(tok.encode(s)) == s
+
+
+# ---------------------------------------------------------------------------
+# Batching
+
+def test_example_ids_layout(tok):
+    ids, n_prompt = tok.example_ids("What is 2 + 3?", "The answer is 5.")
+    assert ids[:n_prompt] == tok.prompt_ids("What is 2 + 3?")
+    assert ids[n_prompt:] == tok.encode("The answer is 5.") + [tok.eot]
+
+
+def test_make_batch_targets_cover_exactly_the_response(tok, splits):
+    examples = splits["train"][:7]
+    rows = [tok.example_ids(e["prompt"], e["response"]) for e in examples]
+    x, y = data.make_batch(rows, tok.eot)
+    T = max(len(ids) - 1 for ids, _ in rows)
+    assert x.shape == y.shape == (len(rows), T)
+    assert len({len(ids) for ids, _ in rows}) > 1, "want ragged rows"
+    for i, (e, (ids, n_prompt)) in enumerate(zip(examples, rows)):
+        L = len(ids) - 1
+        assert x[i, :L].tolist() == ids[:-1]
+        assert (x[i, L:] == tok.eot).all()  # padding
+        targets = y[i][y[i] != -1].tolist()
+        assert targets == tok.encode(e["response"]) + [tok.eot]
+        # and they sit where x holds the token before each of them
+        assert (y[i, :n_prompt - 1] == -1).all()
+        assert y[i, n_prompt - 1:L].tolist() == ids[n_prompt:]
+        assert (y[i, L:] == -1).all()
+
+
+def test_tokenize_drops_too_long(tok):
+    ex = [dict(prompt="hi", response="ok"), dict(prompt="hi " * 100, response="ok")]
+    rows = data.tokenize(ex, tok, max_seq_len=64)
+    assert len(rows) == 1 and rows[0] == tok.example_ids("hi", "ok")
+
+
+# ---------------------------------------------------------------------------
+# Users' JSONL data
+
+def test_load_jsonl_both_formats(tmp_path):
+    path = tmp_path / "d.jsonl"
+    records = []
+    for i in range(60):
+        if i % 2:
+            records.append({"prompt": f"question {i}?", "response": f"answer {i}"})
+        else:
+            records.append({"messages": [{"role": "user", "content": f"question {i}?"},
+                                         {"role": "assistant", "content": f"answer {i}"}]})
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
+    s = data.load_jsonl(str(path))
+    loaded = sorted((e["prompt"], e["response"]) for split in s.values() for e in split)
+    assert loaded == sorted((f"question {i}?", f"answer {i}") for i in range(60))
+    for split, examples in s.items():
+        for e in examples:
+            assert data.split_of(e["prompt"]) == split
+
+
+@pytest.mark.parametrize("bad", [
+    "{not json",
+    '{"prompt": "only a prompt"}',
+    '{"prompt": 3, "response": "x"}',
+    '{"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"}]}',
+    '{"messages": [{"role": "user", "content": "q"}]}',
+    '[1, 2]',
+])
+def test_load_jsonl_malformed_line_names_file_and_line(tmp_path, bad):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "c", "response": "d"}\n' + bad + "\n")
+    with pytest.raises(ValueError) as e:
+        data.load_jsonl(str(path))
+    assert f"{path}:3:" in str(e.value)
+
+
+def test_train_cli_bad_jsonl_is_one_line_error(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "c"\n')
+    proc = run_cli(["train.py", "--data", path, "--preset", "tiny", "--out_dir", tmp_path / "out"], timeout=120)
+    assert_one_line_error(proc)
+    assert "bad.jsonl:2:" in proc.stderr

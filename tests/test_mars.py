@@ -1,0 +1,255 @@
+"""mars.py: the structured attention mask, no leakage, the loss, noisy_copy, accept, choose."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import data
+import mars
+from conftest import MASK, V, random_model
+
+ATOL = 1e-10
+SHAPES = [(8, 4), (10, 4), (7, 3), (5, 1), (6, 8), (12, 2), (9, 9)]
+
+
+@pytest.fixture(scope="module")
+def m():
+    return random_model(seed=5)
+
+
+def reference_mask(T, B):
+    """The four rules of MARS.md, one element at a time."""
+    M = [[False] * (2 * T) for _ in range(2 * T)]
+    for i in range(2 * T):
+        for j in range(2 * T):
+            qi, pi = ("noisy", i) if i < T else ("clean", i - T)
+            kj, pj = ("noisy", j) if j < T else ("clean", j - T)
+            if qi == "clean" and kj == "clean":
+                M[i][j] = pj <= pi
+            elif qi == "noisy" and kj == "noisy":
+                M[i][j] = pj // B == pi // B and pj <= pi
+            elif qi == "noisy" and kj == "clean":
+                M[i][j] = pj // B < pi // B
+            else:
+                M[i][j] = False
+    return torch.tensor(M)
+
+
+@pytest.mark.parametrize("T,B", SHAPES)
+def test_attention_mask_matches_the_four_rules(T, B):
+    mask = mars.mars_attention_mask(T, B)
+    assert mask.shape == (2 * T, 2 * T) and mask.dtype == torch.bool
+    assert torch.equal(mask, reference_mask(T, B))
+    assert mask.any(dim=1).all()  # every query sees something: no NaN rows in SDPA
+    assert mask.diagonal().all()
+
+
+def test_attention_mask_block_one_noisy_sees_all_earlier_clean():
+    # B = 1: noisy query at p sees clean 0..p-1 and itself only, i.e. exactly the AR context
+    T = 6
+    mask = mars.mars_attention_mask(T, 1)
+    for p in range(T):
+        assert mask[p, :T].nonzero().flatten().tolist() == [p]
+        assert mask[p, T:].nonzero().flatten().tolist() == list(range(p))
+
+
+def mars_inputs(x, y):
+    b, T = x.shape
+    return torch.cat([mars.noisy_copy(x, y, MASK), x], 1), torch.arange(T).repeat(2)
+
+
+def random_batch(b=2, T=16, n_prompt=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, V - 2, (b, T), generator=g)
+    y = torch.full((b, T), -1)
+    y[:, n_prompt - 1:T - 1] = x[:, n_prompt:]
+    y[:, T - 1] = torch.randint(0, V - 2, (b,), generator=g)
+    return x, y
+
+
+@pytest.mark.parametrize("T,B", [(16, 4), (15, 4), (12, 3), (10, 1)])
+def test_no_leakage_from_future_clean_tokens(m, T, B):
+    x, y = random_batch(T=T, n_prompt=3, seed=T + B)
+    ids, pos = mars_inputs(x, y)
+    attn = mars.mars_attention_mask(T, B)
+    base = m(ids, positions=pos, attn_mask=attn)
+    g = torch.Generator().manual_seed(1)
+    for k in range((T + B - 1) // B):
+        changed = ids.clone()
+        changed[:, T + k * B:] = torch.randint(0, V - 2, (2, T - k * B), generator=g)  # clean positions >= k*B
+        assert not torch.equal(changed, ids)
+        out = m(changed, positions=pos, attn_mask=attn)
+        # noisy logits of blocks 0..k do not move
+        torch.testing.assert_close(out[:, :min((k + 1) * B, T)], base[:, :min((k + 1) * B, T)], atol=ATOL, rtol=0)
+        # but the clean logits from k*B on do (the change was real)
+        assert (out[:, T + k * B:] - base[:, T + k * B:]).abs().max() > 1e-6
+        # and so do later noisy blocks, which may see clean block k
+        if (k + 1) * B < T:
+            assert (out[:, (k + 1) * B:T] - base[:, (k + 1) * B:T]).abs().max() > 1e-6
+
+
+def test_noisy_block_sees_previous_clean_block(m):
+    """The mask is not trivially blocking: changing clean token k*B - 1 moves block k's noisy logits."""
+    T, B = 16, 4
+    x, y = random_batch(T=T, n_prompt=3, seed=9)
+    ids, pos = mars_inputs(x, y)
+    attn = mars.mars_attention_mask(T, B)
+    base = m(ids, positions=pos, attn_mask=attn)
+    changed = ids.clone()
+    changed[:, T + 2 * B - 1] = (changed[:, T + 2 * B - 1] + 1) % (V - 2)
+    out = m(changed, positions=pos, attn_mask=attn)
+    torch.testing.assert_close(out[:, :2 * B], base[:, :2 * B], atol=ATOL, rtol=0)
+    assert (out[:, 2 * B:3 * B] - base[:, 2 * B:3 * B]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("B", [1, 3, 4, 8])
+def test_clean_half_is_the_plain_causal_model(m, B):
+    x, y = random_batch(T=14, seed=B)
+    ids, pos = mars_inputs(x, y)
+    out = m(ids, positions=pos, attn_mask=mars.mars_attention_mask(14, B))
+    torch.testing.assert_close(out[:, 14:], m(x), atol=ATOL, rtol=0)
+
+
+def test_noisy_copy_masks_exactly_the_response():
+    x, y = random_batch(b=3, T=12, n_prompt=4)
+    y[1, 9:] = -1  # a shorter row (padding at the end)
+    xn = mars.noisy_copy(x, y, MASK)
+    for b in range(3):
+        for q in range(12):
+            is_response = q > 0 and y[b, q - 1] != -1
+            assert xn[b, q] == (MASK if is_response else x[b, q]), (b, q)
+    assert (xn[:, :4] == x[:, :4]).all()  # the prompt stays visible
+    assert (xn[0, 4:] == MASK).all()
+
+
+@pytest.fixture(scope="module")
+def padded_batch(tok, splits):
+    rows = [tok.example_ids(e["prompt"], e["response"]) for e in splits["train"][:6]]
+    assert len({len(ids) for ids, _ in rows}) > 1
+    return data.make_batch(rows, tok.eot), tok
+
+
+def tok_model(tok, seed=0):
+    from model import GPT, GPTConfig
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=tok.n_vocab, max_seq_len=64, n_layer=2, n_head=2, n_embd=32)).double()
+
+
+def test_mars_loss_padded_batch_finite_with_finite_grads(padded_batch):
+    (x, y), tok = padded_batch
+    m = tok_model(tok)
+    loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, 4)
+    assert torch.isfinite(loss) and torch.isfinite(noisy) and torch.isfinite(clean)
+    loss.backward()
+    grads = [p.grad for p in m.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert sum(g.abs().sum() for g in grads) > 0
+
+
+@pytest.mark.parametrize("B", [1, 4, 8])
+def test_mars_loss_matches_an_independent_computation(padded_batch, B):
+    (x, y), tok = padded_batch
+    m = tok_model(tok, seed=B)
+    T = x.shape[1]
+    ids = torch.cat([mars.noisy_copy(x, y, tok.mask), x], 1)
+    logits = m(ids, positions=torch.arange(T).repeat(2), attn_mask=mars.mars_attention_mask(T, B))
+    where = y != -1
+    noisy_ref = F.cross_entropy(logits[:, :T][where], y[where])
+    clean_ref = F.cross_entropy(logits[:, T:][where], y[where])
+    torch.testing.assert_close(clean_ref, mars.ar_loss(m, x, y).double(), atol=1e-6, rtol=0)
+    for w in (0.0, 0.5, 1.0):
+        loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, B, ar_weight=w)
+        torch.testing.assert_close(noisy.double(), noisy_ref, atol=1e-6, rtol=0)
+        torch.testing.assert_close(clean.double(), clean_ref, atol=1e-6, rtol=0)
+        assert torch.equal(loss, noisy + w * clean)
+        if w == 0.0:
+            assert torch.equal(loss, noisy)
+        if w == 1.0:
+            assert torch.equal(loss, noisy + clean)
+    assert abs(noisy_ref - clean_ref) > 1e-3  # the two streams really differ
+
+
+def test_ar_loss_counts_response_tokens_only(padded_batch):
+    (x, y), tok = padded_batch
+    m = tok_model(tok)
+    base = mars.ar_loss(m, x, y)
+    # changing targets outside the response (they are -1) or the padding inputs changes nothing
+    x2 = x.clone()
+    pad_cols = (x == tok.eot) & (y == -1)
+    pad_cols[:, :2] = False
+    x2[pad_cols] = 7
+    torch.testing.assert_close(mars.ar_loss(m, x2, y), base, atol=1e-10, rtol=0)
+    y2 = y.clone()
+    first = (y2[0] != -1).nonzero()[0, 0]
+    y2[0, first] = (y2[0, first] + 1) % tok.n_vocab
+    assert mars.ar_loss(m, x, y2) != base
+
+
+# ---------------------------------------------------------------------------
+# Acceptance
+
+def test_accept_rules():
+    conf = torch.tensor([[0.1, 0.2, 0.3, 0.4],     # first always accepted
+                         [0.9, 0.95, 0.5, 0.99],   # stops at the first short one
+                         [0.2, 0.9, 0.9, 0.9],     # all after the first
+                         [1.0, 0.8, 0.95, 0.95]])  # exactly tau counts
+    assert mars.accept(conf, 0.8).tolist() == [1, 2, 4, 4]
+    assert mars.accept(conf, 0.95).tolist() == [1, 2, 1, 1]
+    assert mars.accept(conf, 0.8, max_accept=2).tolist() == [1, 2, 2, 2]
+    assert mars.accept(conf, 0.8, max_accept=1).tolist() == [1, 1, 1, 1]
+
+
+def test_accept_tau_one_commits_one_token_even_at_probability_one():
+    conf = torch.ones(3, 5)
+    assert mars.accept(conf, 1.0).tolist() == [1, 1, 1]
+    assert mars.accept(conf, torch.tensor([1.0, 0.5, 1.0])).tolist() == [1, 5, 1]
+    assert mars.accept(conf.double(), 1.0).tolist() == [1, 1, 1]
+
+
+def test_accept_per_row_tau():
+    conf = torch.tensor([[0.5, 0.6, 0.7], [0.5, 0.6, 0.7], [0.5, 0.6, 0.7]])
+    assert mars.accept(conf, torch.tensor([0.65, 0.55, 0.75])).tolist() == [1, 3, 1]
+    assert mars.accept(conf, [0.6, 0.7, 0.1]).tolist() == [3, 1, 3]  # a plain list works too
+
+
+def test_accept_block_of_one():
+    assert mars.accept(torch.tensor([[0.01], [0.99]]), 0.5).tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("metric", mars.METRICS)
+def test_choose_metrics(metric):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, V, generator=g) * 4
+    logits[0, 0] = -1e4
+    logits[0, 0, 3] = 1e4  # a certain prediction
+    logits[1, 0] = 0.0  # a uniform one
+    tokens, conf = mars.choose(logits, metric=metric)
+    assert tokens.shape == conf.shape == (3, 5)
+    assert torch.equal(tokens, logits.argmax(-1))
+    assert ((conf >= 0) & (conf <= 1 + 1e-6)).all()
+    assert conf[0, 0] > 0.999
+    expected_uniform = 1 / V if metric == "prob" else 0.0
+    assert abs(conf[1, 0].item() - expected_uniform) < 1e-5
+    p = logits.float().softmax(-1)
+    if metric == "prob":
+        torch.testing.assert_close(conf, p.max(-1).values)
+    elif metric == "margin":
+        top2 = p.topk(2, -1).values
+        torch.testing.assert_close(conf, top2[..., 0] - top2[..., 1])
+    else:
+        h = -(p * p.clamp_min(1e-30).log()).sum(-1)
+        torch.testing.assert_close(conf, 1 - h / torch.log(torch.tensor(float(V))))
+
+
+def test_choose_sampling_is_seeded_and_follows_the_distribution():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]]).expand(20000, 4)
+    tokens, conf = mars.choose(logits, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    again, _ = mars.choose(logits, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(tokens, again)
+    freq = torch.bincount(tokens, minlength=4).float() / 20000
+    torch.testing.assert_close(freq, logits[0].softmax(-1), atol=0.02, rtol=0)
+    torch.testing.assert_close(conf, logits[0].softmax(-1)[tokens])
+
+
+def test_choose_unknown_metric_raises():
+    with pytest.raises(ValueError, match="metric"):
+        mars.choose(torch.randn(2, 3, 5), metric="nope")

@@ -1,0 +1,267 @@
+"""sample.generate: MARS decoding against AR greedy, the three caches, batches,
+per-request thresholds, metrics, stopping, lossless decoding and the KV cache
+contents; on random float64 models and on the trained tiny checkpoint."""
+import pytest
+import torch
+
+import mars
+import sample
+import train
+from conftest import EOT, MASK, random_model, random_prompts
+
+PROMPTS = random_prompts((3, 7, 12, 5, 1))
+N = 40  # max_new_tokens
+
+
+@pytest.fixture(scope="module", params=[0, 2], ids=lambda s: f"model{s}")
+def m(request):
+    return random_model(seed=request.param)
+
+
+@pytest.fixture(scope="module")
+def ar_out(m):
+    """AR greedy (B = 1) for each prompt alone, without a cache: the reference."""
+    return [sample.generate(m, [p], EOT, MASK, B=1, cache="none", max_new_tokens=N)[0].tokens for p in PROMPTS]
+
+
+def gen(m, prompts=PROMPTS, **kw):
+    kw.setdefault("max_new_tokens", N)
+    return sample.generate(m, prompts, EOT, MASK, **kw)
+
+
+def toks(gens):
+    return [g.tokens for g in gens]
+
+
+def check_accounting(gens, max_new_tokens=N):
+    for g in gens:
+        assert sum(len(c) for c in g.chunks) == len(g.tokens)
+        assert [t for c in g.chunks for t in c] == g.tokens
+        assert len(g.chunks) == g.forwards and all(g.chunks)
+        assert 0 < len(g.tokens) <= max_new_tokens
+        assert EOT not in g.tokens[:-1]
+        assert g.seconds > 0
+
+
+def test_test_models_are_meaningful(m, ar_out):
+    """AR output is varied, and tau < 1 really commits several tokens per forward (sometimes)."""
+    assert all(len(set(t)) >= 3 for t in ar_out)
+    sizes = [len(c) for g in gen(m, B=4, tau=0.5) for c in g.chunks]
+    assert max(sizes) > 1 and min(sizes) == 1
+    assert sum(sizes) / len(sizes) > 1.2
+    assert toks(gen(m, B=4, tau=0.5)) != ar_out  # so equality tests below are not trivial
+
+
+@pytest.mark.parametrize("B", [2, 4, 8])
+@pytest.mark.parametrize("cache", ["sliding", "none", "block"])
+def test_tau_one_equals_ar_greedy(m, ar_out, B, cache):
+    gens = gen(m, B=B, tau=1.0, cache=cache, cache_block=5)
+    assert toks(gens) == ar_out
+    assert all(g.forwards == len(g.tokens) for g in gens)
+    check_accounting(gens)
+    assert [gen(m, [p], B=B, tau=1.0, cache=cache)[0].tokens for p in PROMPTS[:2]] == ar_out[:2]
+
+
+def test_ar_batched_and_cached_equals_reference(m, ar_out):
+    for cache in ("sliding", "block", "none"):
+        assert toks(gen(m, B=1, cache=cache, cache_block=4)) == ar_out
+
+
+@pytest.mark.parametrize("B", [2, 4, 8])
+def test_caches_agree_and_batch_equals_alone(m, B):
+    """none, sliding and block commit the same tokens, batched or alone: the
+    block cache changes what is cached and when rows wait, never what they commit."""
+    ref = toks(gen(m, B=B, tau=0.5, cache="none"))
+    assert any(len(c) > 1 for g in gen(m, B=B, tau=0.5) for c in g.chunks)  # multi-token steps happen
+    for cache, cb in (("none", 16), ("sliding", 16), ("block", 3), ("block", 8), ("block", N + 8)):
+        batched = gen(m, B=B, tau=0.5, cache=cache, cache_block=cb)
+        check_accounting(batched)
+        assert toks(batched) == ref, (cache, cb)
+        assert [gen(m, [p], B=B, tau=0.5, cache=cache, cache_block=cb)[0].tokens for p in PROMPTS] == ref, (cache, cb)
+
+
+def window_predictions(m, prefix, B):
+    """Uncached reference: the B predictions of the window [prefix | B-1 masks]."""
+    ids = torch.tensor([prefix + [MASK] * (B - 1)])
+    logits = m(ids)[0, len(prefix) - 1:]
+    tokens, conf = mars.choose(logits)
+    return tokens.tolist(), mars.accept(conf[None], 0.5).item()
+
+
+@pytest.mark.parametrize("B,cb", [(4, 3), (4, 8), (8, 3)])
+def test_block_cache_chunks_match_uncached_windows(m, B, cb):
+    """Every chunk the block cache commits is exactly what tau accepts from an
+    uncached forward of the same window (cut only by <|endoftext|> or the length limit)."""
+    gens = gen(m, B=B, tau=0.5, cache="block", cache_block=cb)
+    for p, g in zip(PROMPTS, gens):
+        prefix = list(p)
+        for chunk in g.chunks:
+            tokens, n = window_predictions(m, prefix, B)
+            assert chunk == tokens[:len(chunk)]
+            assert len(chunk) == n or EOT in chunk or len(prefix) + len(chunk) - len(p) == N
+            prefix += chunk
+
+
+def test_sliding_chunks_match_uncached_windows(m):
+    for p, g in zip(PROMPTS, gen(m, B=4, tau=0.5)):
+        prefix = list(p)
+        for chunk in g.chunks:
+            tokens, n = window_predictions(m, prefix, 4)
+            assert chunk == tokens[:len(chunk)]
+            assert len(chunk) == n or EOT in chunk or len(prefix) + len(chunk) - len(p) == N
+            prefix += chunk
+
+
+def test_per_request_tau(m, ar_out):
+    taus = [1.0, 0.3, 0.6, 0.9, 0.45]
+    for cache in ("sliding", "block"):
+        batched = gen(m, B=4, tau=taus, cache=cache, cache_block=6)
+        alone = [gen(m, [p], B=4, tau=t, cache=cache, cache_block=6)[0] for p, t in zip(PROMPTS, taus)]
+        assert toks(batched) == toks(alone)
+        assert batched[0].tokens == ar_out[0]
+        assert batched[0].forwards == len(batched[0].tokens)
+        assert batched[1].forwards < len(batched[1].tokens)
+    assert toks(gen(m, B=4, tau=torch.tensor(taus))) == toks(gen(m, B=4, tau=taus))
+
+
+@pytest.mark.parametrize("metric", mars.METRICS)
+def test_metrics(m, ar_out, metric):
+    assert toks(gen(m, B=4, tau=1.0, metric=metric)) == ar_out
+    gens = gen(m, B=4, tau=0.5, metric=metric)
+    check_accounting(gens)
+    assert all(g.tokens[0] == a[0] for g, a in zip(gens, ar_out))  # the first token is always AR's
+
+
+def test_max_accept(m, ar_out):
+    assert toks(gen(m, B=4, tau=0.3, max_accept=1)) == ar_out
+    gens = gen(m, B=8, tau=0.3, max_accept=2)
+    assert max(len(c) for g in gens for c in g.chunks) == 2
+    check_accounting(gens)
+
+
+@pytest.mark.parametrize("kw", [dict(B=1), dict(B=4, tau=0.5), dict(B=4, lossless=True),
+                                dict(B=8, tau=0.3, cache="block", cache_block=3)], ids=["ar", "mars", "lossless", "block"])
+def test_stops_at_eot(m, kw):
+    """Pretend a token the model emits is <|endoftext|>: generation ends right after its first occurrence."""
+    for p in PROMPTS[1:4]:
+        full = gen(m, [p], **kw)[0].tokens
+        i = next(i for i in range(2, len(full) - 1) if full.index(full[i]) == i)
+        g = sample.generate(m, [p], full[i], MASK, max_new_tokens=N, **kw)[0]
+        assert g.tokens == full[:i + 1]
+        assert g.chunks[-1][-1] == full[i]
+
+
+@pytest.mark.parametrize("n", [1, 2, 7])
+def test_max_new_tokens(m, ar_out, n):
+    for kw in (dict(B=1), dict(B=4, lossless=True), dict(B=4, tau=0.3), dict(B=8, tau=0.3, cache="block", cache_block=3)):
+        gens = gen(m, max_new_tokens=n, **kw)
+        check_accounting(gens, n)
+        for g, a in zip(gens, ar_out):
+            assert len(g.tokens) == n or g.tokens[-1] == EOT, kw
+            if kw.get("B") == 1 or kw.get("lossless"):
+                assert g.tokens == a[:n]
+
+
+def test_context_limit(m):
+    long = random_prompts((60,), seed=3)[0]
+    ar = gen(m, [long], B=1, max_new_tokens=N)[0].tokens
+    for kw in (dict(B=1), dict(B=8, tau=0.3), dict(B=4, lossless=True), dict(B=8, tau=0.3, cache="none")):
+        g = gen(m, [long], max_new_tokens=N, **kw)[0]
+        assert len(long) + len(g.tokens) == 64 or g.tokens[-1] == EOT  # stops at the model's context
+        assert len(long) + len(g.tokens) <= 64
+    assert gen(m, [long], B=4, lossless=True, max_new_tokens=N)[0].tokens == ar
+    with pytest.raises(ValueError):
+        gen(m, [random_prompts((64,))[0]])
+
+
+def test_bad_arguments(m):
+    with pytest.raises(ValueError):
+        gen(m, cache="nope")
+    with pytest.raises(ValueError):
+        gen(m, B=4, lossless=True, cache="block")
+
+
+def test_temperature_sampling_is_seeded(m):
+    torch.manual_seed(0)
+    a = toks(gen(m, B=4, tau=0.5, temperature=1.0))
+    torch.manual_seed(0)
+    b = toks(gen(m, B=4, tau=0.5, temperature=1.0))
+    assert a == b
+    check_accounting(gen(m, B=4, tau=0.5, temperature=1.0))
+
+
+# ---------------------------------------------------------------------------
+# Lossless (self-speculative) decoding
+
+@pytest.mark.parametrize("B", [2, 4, 8])
+def test_lossless_equals_ar(m, ar_out, B):
+    batched = gen(m, B=B, lossless=True)
+    assert toks(batched) == ar_out
+    check_accounting(batched)
+    assert [gen(m, [p], B=B, lossless=True)[0].tokens for p in PROMPTS] == ar_out
+    assert toks(gen(m, B=B, lossless=True, cache="none")) == ar_out
+    assert sum(g.forwards for g in batched) < sum(len(t) for t in ar_out)  # it did take several at once
+
+
+class CacheSpy:
+    """Wraps model.forward: before every cached call, checks that each row's
+    first kv.lengths[b] cache entries are the keys and values of a fresh uncached
+    forward over that row's final tokens (i.e. the cache holds committed tokens only)."""
+
+    def __init__(self, model):
+        self.model, self.forward, self.snapshots = model, model.forward, []
+        model.forward = self
+
+    def __call__(self, idx, *args, cache=None, **kw):
+        if cache is not None:
+            self.snapshots.append((cache.k.clone(), cache.v.clone(), list(cache.lengths)))
+        return self.forward(idx, *args, cache=cache, **kw)
+
+    def verify(self, final_ids):
+        assert len(self.snapshots) > 2
+        lengths = [snap[2][0] for snap in self.snapshots]
+        assert lengths == sorted(lengths) and lengths[-1] > lengths[1] > 0
+        assert lengths[-1] < len(final_ids)  # the last committed tokens were never cached
+        for k, v, (L,) in self.snapshots:
+            if L == 0:
+                continue
+            fresh = self.model.new_cache(1)
+            self.model(torch.tensor(final_ids[:L])[None], cache=fresh)
+            torch.testing.assert_close(k[:, 0, :, :L], fresh.k[:, 0, :, :L], atol=1e-10, rtol=0)
+            torch.testing.assert_close(v[:, 0, :, :L], fresh.v[:, 0, :, :L], atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("kw", [dict(B=4, lossless=True), dict(B=8, lossless=True), dict(B=4, tau=0.5),
+                                dict(B=4, tau=0.5, cache="block", cache_block=5)],
+                         ids=["lossless4", "lossless8", "sliding", "block"])
+def test_kv_cache_holds_exactly_the_committed_tokens(m, kw):
+    for p in PROMPTS[1:3]:
+        spy = CacheSpy(m)
+        try:
+            g = gen(m, [p], **kw)[0]
+        finally:
+            del m.forward  # back to the class's forward
+        spy.verify(p + g.tokens)
+
+
+# ---------------------------------------------------------------------------
+# The trained tiny checkpoint
+
+@pytest.fixture(scope="module")
+def trained(tiny_run):
+    ckpt = train.load_checkpoint(str(tiny_run / "mars.pt"))
+    model, tok = train.model_from_checkpoint(ckpt)
+    return model.double().eval(), tok, ckpt
+
+
+def test_trained_checkpoint_lossless_and_tau_one_equal_ar(trained, splits):
+    model, tok, ckpt = trained
+    prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"][:12]]
+    ar = toks(sample.generate(model, prompts, tok.eot, tok.mask, B=1))
+    assert all(t for t in ar)
+    for B in (2, 4, 8):
+        assert toks(sample.generate(model, prompts, tok.eot, tok.mask, B=B, lossless=True)) == ar, B
+        assert toks(sample.generate(model, prompts[:3], tok.eot, tok.mask, B=B, lossless=True, cache="none")) == ar[:3]
+    B = ckpt["mars"]["B"]
+    assert toks(sample.generate(model, prompts, tok.eot, tok.mask, B=B, tau=1.0)) == ar
+    assert [sample.generate(model, [p], tok.eot, tok.mask, B=B, lossless=True)[0].tokens for p in prompts[:4]] == ar[:4]

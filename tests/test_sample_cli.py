@@ -1,0 +1,101 @@
+"""sample.py as a command (subprocesses) on the trained tiny checkpoints."""
+import json
+
+import pytest
+
+from conftest import assert_one_line_error, run_cli
+
+KEYS = {"prompt", "text", "tokens", "forwards", "tokens_per_forward", "seconds"}
+
+
+def sample(*args, stdin=None):
+    return run_cli(["sample.py", *args], stdin=stdin)
+
+
+def json_lines(proc):
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def test_json_output(tiny_run, splits):
+    rows = json_lines(sample("--ckpt", tiny_run / "mars.pt", "--json", "--num_prompts", "3", "--threshold", "0.5"))
+    assert [r["prompt"] for r in rows] == [e["prompt"] for e in splits["test"][:3]]  # held-out prompts
+    for r in rows:
+        assert KEYS <= r.keys()
+        assert isinstance(r["text"], str) and 0 < r["tokens"] <= 64
+        assert 1 <= r["forwards"] <= r["tokens"]
+        assert abs(r["tokens_per_forward"] - r["tokens"] / r["forwards"]) < 1e-9
+        assert r["seconds"] >= 0
+
+
+def test_threshold_one_equals_ar(tiny_run):
+    args = ["--ckpt", tiny_run / "mars.pt", "--json", "--num_prompts", "6"]
+    mars_rows = json_lines(sample(*args, "--threshold", "1.0", "--batch_size", "4"))
+    ar_rows = json_lines(sample(*args, "--ar"))
+    lossless_rows = json_lines(sample(*args, "--lossless", "--block_size", "3"))
+    assert len(mars_rows) == len(ar_rows) == 6
+    assert [r["text"] for r in mars_rows] == [r["text"] for r in ar_rows] == [r["text"] for r in lossless_rows]
+    assert [r["prompt"] for r in mars_rows] == [r["prompt"] for r in ar_rows]
+    assert all(r["forwards"] == r["tokens"] for r in mars_rows + ar_rows)
+
+
+@pytest.mark.parametrize("args", [
+    ["--threshold", "0"], ["--threshold", "1.5"], ["--threshold", "abc"], ["--block_size", "0"],
+    ["--batch_size", "0"], ["--temperature", "-1"], ["--ar", "--lossless"], ["--metric", "nope"],
+], ids=lambda a: " ".join(a))
+def test_bad_flags(tiny_run, args):
+    assert_one_line_error(sample("--ckpt", tiny_run / "mars.pt", *args))
+
+
+def test_missing_and_corrupt_checkpoints(tmp_path):
+    proc = sample("--ckpt", tmp_path / "missing.pt")
+    assert_one_line_error(proc)
+    assert "missing.pt" in proc.stderr
+    bad = tmp_path / "corrupt.pt"
+    bad.write_bytes(b"\x00garbage\xff" * 100)
+    proc = sample("--ckpt", bad)
+    assert_one_line_error(proc)
+    assert "corrupt.pt" in proc.stderr
+
+
+def test_ar_checkpoint(tiny_run):
+    proc = sample("--ckpt", tiny_run / "ar.pt", "--num_prompts", "1")
+    assert_one_line_error(proc)
+    assert "--ar" in proc.stderr
+    rows = json_lines(sample("--ckpt", tiny_run / "ar.pt", "--ar", "--json", "--num_prompts", "2"))
+    assert len(rows) == 2 and all(r["forwards"] == r["tokens"] for r in rows)
+
+
+def test_prompt_longer_than_context(tiny_run):
+    assert_one_line_error(sample("--ckpt", tiny_run / "mars.pt", "--prompt", "word " * 200))
+
+
+def test_prompt_with_special_token_text(tiny_run):
+    rows = json_lines(sample("--ckpt", tiny_run / "mars.pt", "--json", "--prompt", "Repeat <|mask|> and <|endoftext|>.",
+                             "--prompt", "Write 5 in words."))
+    assert [r["prompt"] for r in rows] == ["Repeat <|mask|> and <|endoftext|>.", "Write 5 in words."]
+    assert all(r["tokens"] > 0 for r in rows)
+
+
+def test_chat(tiny_run):
+    proc = sample("--ckpt", tiny_run / "mars.pt", "--chat",
+                  stdin="Write 5 in words.\n/tau 0.5\nSpell the word apple.\n/tau 7\n\n")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    answers = [line for line in proc.stdout.splitlines() if line.startswith("> ")]
+    assert answers == ["> Write 5 in words.", "> Spell the word apple."]
+    assert proc.stdout.count("tokens/forward") == 2
+    assert "tau = 0.5" in proc.stderr
+    assert "error: /tau" in proc.stderr  # a bad /tau is reported and the chat goes on
+
+
+def test_chat_survives_an_overlong_prompt(tiny_run):
+    """Like a bad '/tau', a prompt that does not fit is reported and the chat goes on."""
+    proc = sample("--ckpt", tiny_run / "mars.pt", "--chat",
+                  stdin="Write 5 in words.\n" + "word " * 200 + "\nSpell the word apple.\n")
+    assert "Traceback" not in proc.stderr
+    assert "error:" in proc.stderr
+    answers = [line for line in proc.stdout.splitlines() if line.startswith("> ")]
+    assert answers == ["> Write 5 in words.", "> Spell the word apple."], proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,204 @@
+"""train.py end to end (subprocesses): the two stages, checkpoints, logs, Ctrl-C
+and --resume, the non-finite guard, and data-parallel training with torchrun."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+import train
+from conftest import ONE_THREAD, ROOT, assert_one_line_error, run_cli
+
+SHORT = ["--preset", "tiny", "--ar_iters", "10", "--mars_iters", "10", "--eval_every", "5", "--save_every", "5"]
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def assert_checkpoint(path, stage, done=True):
+    ckpt = load(path)
+    assert {"model", "model_config", "tokenizer", "train_config"} <= ckpt.keys()
+    assert ckpt["stage"] == stage and ckpt["done"] is done
+    model, tok = train.model_from_checkpoint(ckpt)  # weights, config and tokenizer fit together
+    assert model.config.vocab_size == tok.n_vocab
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    return ckpt
+
+
+def test_tiny_run_all_stages(tiny_run):
+    """The shared session run (train.main in-process, --stage all) wrote everything."""
+    for stage in ("ar", "mars"):
+        ckpt = assert_checkpoint(tiny_run / f"{stage}.pt", stage)
+        assert ckpt["iter"] == train.PRESETS["tiny"][f"{stage}_iters"]
+        log = json.loads((tiny_run / f"{stage}_log.json").read_text())
+        assert [r["iter"] for r in log] == list(range(1, ckpt["iter"] + 1))
+        assert (tiny_run / f"{stage}_loss.png").stat().st_size > 1000
+    assert load(tiny_run / "mars.pt")["mars"]["B"] == 4
+    summary = json.loads((tiny_run / "summary.json").read_text())
+    assert [r["threshold"] for r in summary] == [None, 1.0, 0.9]
+    # MARS at tau = 1.0 is one token per forward
+    assert summary[1]["tokens_per_forward"] == 1.0
+
+
+def test_stage_ar_then_mars(tmp_path):
+    d = tmp_path / "run"
+    proc = run_cli(["train.py", *SHORT, "--stage", "ar", "--out_dir", d])
+    assert proc.returncode == 0, proc.stderr
+    ar = assert_checkpoint(d / "ar.pt", "ar")
+    assert "mars" not in ar
+    assert ar["train_config"]["n_layer"] == 2 and ar["model_config"]["max_seq_len"] == 64
+    assert not (d / "mars.pt").exists()
+
+    proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--init_from", d / "ar.pt", "--block_size", "3",
+                    "--ar_weight", "0.5", "--out_dir", d])
+    assert proc.returncode == 0, proc.stderr
+    ckpt = assert_checkpoint(d / "mars.pt", "mars")
+    assert ckpt["mars"] == {"B": 3, "ar_weight": 0.5}
+    log = json.loads((d / "mars_log.json").read_text())
+    assert {"loss", "noisy", "clean"} <= log[0].keys()
+    for r in log:
+        assert abs(r["loss"] - (r["noisy"] + 0.5 * r["clean"])) < 1e-4
+    for stage in ("ar", "mars"):
+        assert (d / f"{stage}_log.json").exists() and (d / f"{stage}_loss.png").exists()
+    # stage 2 starts from the stage-1 weights: its first clean (AR) loss is the end of stage 1's
+    ar_log = json.loads((d / "ar_log.json").read_text())
+    assert log[0]["clean"] < ar_log[0]["loss"]
+    assert abs(log[0]["clean"] - ar_log[-1]["loss"]) < 1.0
+
+    # stage 2 must start from a stage-1 checkpoint
+    proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--init_from", d / "mars.pt", "--out_dir", tmp_path / "x"])
+    assert_one_line_error(proc)
+    proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--init_from", tmp_path / "nope.pt", "--out_dir", tmp_path / "x"])
+    assert_one_line_error(proc)
+
+
+RESUME_CMD = ["train.py", "--preset", "tiny", "--stage", "ar", "--ar_iters", "80", "--save_every", "5",
+              "--eval_every", "40"]
+
+
+def popen(args):
+    return subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT, env={**os.environ, **ONE_THREAD},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_interrupt_and_resume_reproduce_an_uninterrupted_run(tmp_path):
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    procs = [popen(RESUME_CMD + ["--out_dir", d2])]  # the reference runs alongside
+    try:
+        p = popen(RESUME_CMD + ["--out_dir", d1])
+        procs.append(p)
+        deadline = time.time() + 240
+        while not (d1 / "ar.pt").exists():
+            assert p.poll() is None, p.communicate()
+            assert time.time() < deadline
+            time.sleep(0.02)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=240)
+        reference = procs[0]
+    except BaseException:
+        for q in procs:
+            q.kill()
+        raise
+    assert p.returncode == 130, out + err
+    assert "Traceback" not in out + err
+    assert "--resume" in out and "resume with" in out
+    ckpt = assert_checkpoint(d1 / "ar.pt", "ar", done=False)
+    step = ckpt["iter"]
+    assert 5 <= step < 80
+
+    proc = run_cli(RESUME_CMD + ["--out_dir", d1, "--resume"])
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert "resum" in first and "ar" in first and str(step) in first, first
+
+    try:
+        out, err = reference.communicate(timeout=300)
+    finally:
+        reference.kill()
+    assert reference.returncode == 0, err
+    a, b = assert_checkpoint(d1 / "ar.pt", "ar"), assert_checkpoint(d2 / "ar.pt", "ar")
+    assert a["iter"] == b["iter"] == 80
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert json.loads((d1 / "ar_log.json").read_text()) == json.loads((d2 / "ar_log.json").read_text())
+
+    # resuming a finished run does nothing, successfully
+    proc = run_cli(RESUME_CMD + ["--out_dir", d1, "--resume"])
+    assert proc.returncode == 0 and "complete" in proc.stdout.splitlines()[0], proc.stdout + proc.stderr
+    assert torch.equal(load(d1 / "ar.pt")["model"]["wte.weight"], a["model"]["wte.weight"])
+
+
+def test_non_finite_gradient_stops_with_one_line_and_keeps_checkpoint(tmp_path):
+    d = tmp_path / "nan"
+    proc = run_cli(["train.py", "--preset", "tiny", "--stage", "ar", "--ar_iters", "6", "--lr", "1e30",
+                    "--save_every", "1", "--out_dir", d])
+    assert_one_line_error(proc)
+    assert proc.stderr.startswith("error: non-finite"), proc.stderr
+    ckpt = assert_checkpoint(d / "ar.pt", "ar", done=False)  # loads, every weight finite
+    assert ckpt["iter"] < 6
+
+
+def torchrun():
+    exe = shutil.which("torchrun")
+    return [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def ddp_failure(proc):
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "error:" in line.lower()]
+    return "\n".join(errors) + "\n...\n" + proc.stderr[-1500:]
+
+
+def run_ddp(args, timeout=300):
+    return subprocess.run([*torchrun(), "--standalone", "--nproc_per_node=2", "train.py", *map(str, args)],
+                          cwd=ROOT, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, timeout=timeout)
+
+
+def test_ddp_two_processes(tmp_path):
+    d = tmp_path / "ddp"
+    proc = run_ddp(["--preset", "tiny", "--out_dir", d])
+    assert proc.returncode == 0, ddp_failure(proc)
+    ar, mars_ckpt = assert_checkpoint(d / "ar.pt", "ar"), assert_checkpoint(d / "mars.pt", "mars")
+    assert ar["train_config"]["batch_size"] == train.PRESETS["tiny"]["batch_size"]
+    assert (d / "summary.json").exists()
+    # only rank 0 prints
+    assert proc.stdout.count("instruction set:") == 1
+
+
+def test_ddp_stage_shorter_than_save_every(tmp_path):
+    """Stage 1 writes ar.pt only at its end (rank 0); the other rank must wait
+    for it before loading it to start stage 2."""
+    d = tmp_path / "ddp_short"
+    proc = run_ddp(["--preset", "tiny", "--ar_iters", "10", "--mars_iters", "10", "--summary_limit", "4",
+                    "--out_dir", d])
+    assert proc.returncode == 0, ddp_failure(proc)
+    assert_checkpoint(d / "ar.pt", "ar")
+    assert_checkpoint(d / "mars.pt", "mars")
+
+
+def test_own_jsonl_data_end_to_end(tmp_path):
+    """Training on a user's small JSONL file, both stages and the summary. Its
+    records all hash to the train split, so val and test are empty."""
+    import data
+    records, i = [], 0
+    while len(records) < 24:
+        prompt = f"Say the number {i}."
+        if data.split_of(prompt) == "train":
+            records.append({"prompt": prompt, "response": f"The number is {i}."} if i % 2 else
+                           {"messages": [{"role": "user", "content": prompt},
+                                         {"role": "assistant", "content": f"The number is {i}."}]})
+        i += 1
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    d = tmp_path / "out"
+    proc = run_cli(["train.py", "--preset", "tiny", "--data", path, "--ar_iters", "3", "--mars_iters", "3",
+                    "--out_dir", d])
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr
+    ckpt = assert_checkpoint(d / "mars.pt", "mars")
+    assert ckpt["train_config"]["data"] == str(path)
