@@ -21,7 +21,7 @@ import torch
 
 import data
 from sample import generate
-from train import Parser, TrainingError, load_checkpoint, model_from_checkpoint
+from train import Parser, TrainingError, load_checkpoint, model_from_checkpoint, run_cli
 
 
 def score(model, tok, examples, batch_size=64, **decode):
@@ -47,18 +47,20 @@ def score(model, tok, examples, batch_size=64, **decode):
 
 
 def tokens_per_second(model, tok, prompts, batch_size, repeats, **decode):
-    """Median over `repeats` (after one warm-up) of generated tokens / wall seconds."""
+    """(tokens/s, tokens/forward): the median over `repeats` (after one warm-up) of
+    generated tokens / wall seconds, decoding `prompts` in batches of `batch_size`."""
     ids = [tok.prompt_ids(p) for p in prompts]
     rates = []
     for r in range(repeats + 1):
-        tokens = seconds = 0
+        tokens = seconds = forwards = 0
         for i in range(0, len(ids), batch_size):
             gens = generate(model, ids[i:i + batch_size], tok.eot, tok.mask, **decode)
             tokens += sum(len(g.tokens) for g in gens)
+            forwards += sum(g.forwards for g in gens)
             seconds += gens[0].seconds
         if r > 0:
             rates.append(tokens / seconds)
-    return statistics.median(rates)
+    return statistics.median(rates), tokens / forwards
 
 
 def machine():
@@ -130,19 +132,18 @@ def main(argv=None):
     print(f"wall clock on {len(prompts)} prompts, tau = {tau}, median of {args.repeats}", file=sys.stderr)
 
     def add_speed(decoder, batch_size, m, t, cache_block=None, threshold=None, **decode):
-        rate = tokens_per_second(m, t, prompts, batch_size, args.repeats, cache_block=cache_block or 16, **decode)
+        rate, tpf = tokens_per_second(m, t, prompts, batch_size, args.repeats, cache_block=cache_block or 16, **decode)
         base = next((s["tokens_per_second"] for s in speed if s["decoder"] == "ar" and s["batch_size"] == batch_size), rate)
         speed.append({"decoder": decoder, "batch_size": batch_size, "cache_block": cache_block, "threshold": threshold,
-                      "tokens_per_second": rate, "speedup": rate / base})
+                      "tokens_per_second": rate, "speedup": rate / base, "tokens_per_forward": tpf})
         print(f"  {decoder:13s} batch {batch_size:2d} cache_block {cache_block}: {rate:7.1f} tokens/s, "
-              f"{rate / base:.2f}x AR", file=sys.stderr, flush=True)
+              f"{tpf:.2f} tokens/forward, {rate / base:.2f}x AR", file=sys.stderr, flush=True)
 
-    add_speed("ar", 1, ar_model, tok, B=1)
-    add_speed("mars_nocache", 1, model, mtok, B=B, tau=tau, threshold=tau, cache="none")
-    add_speed("mars_sliding", 1, model, mtok, B=B, tau=tau, threshold=tau, cache="sliding")
-    add_speed("lossless", 1, model, mtok, B=B, lossless=True)
-    for bs in args.batch_sizes:
-        add_speed("ar", bs, ar_model, tok, B=1)
+    for bs in [1] + args.batch_sizes:
+        add_speed("ar", bs, ar_model, tok, B=1)  # AR with KV cache: the baseline of this batch size
+        if bs == 1:
+            add_speed("mars_nocache", 1, model, mtok, B=B, tau=tau, threshold=tau, cache="none")
+            add_speed("lossless", 1, model, mtok, B=B, lossless=True)
         add_speed("mars_sliding", bs, model, mtok, B=B, tau=tau, threshold=tau, cache="sliding")
         for cb in args.cache_blocks:
             add_speed("mars_block", bs, model, mtok, B=B, tau=tau, threshold=tau, cache="block", cache_block=cb)
@@ -185,16 +186,13 @@ def markdown(result):
         cells += [f"{100 * r['per_task'][t]['accuracy']:.0f} ({r['per_task'][t]['tokens_per_forward']:.2f})" for t in tasks]
         lines.append(f"| {name(r)} | " + " | ".join(cells) + " |")
     lines += ["", f"Wall clock ({result['speed_prompts']} prompts; {result['machine']}; {result['device']})", "",
-              "| decoder | batch | cache_block | tau | tokens/s | speedup vs AR |", "|---|---|---|---|---|---|"]
+              "| decoder | batch | cache_block | tau | tokens/forward | tokens/s | speedup vs AR |",
+              "|---|---|---|---|---|---|---|"]
     for s in result["speed"]:
         lines.append(f"| {s['decoder']} | {s['batch_size']} | {s['cache_block'] or '-'} | {s['threshold'] or '-'} | "
-                     f"{s['tokens_per_second']:.0f} | {s['speedup']:.2f}x |")
+                     f"{s['tokens_per_forward']:.2f} | {s['tokens_per_second']:.0f} | {s['speedup']:.2f}x |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (TrainingError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_cli(main)

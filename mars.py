@@ -15,17 +15,19 @@ import torch.nn.functional as F
 # ---------------------------------------------------------------------------
 # Training (paper section "Training")
 
-def mars_attention_mask(seq_len, block_size):
+def mars_attention_mask(seq_len, block_size, offset=0):
     """Boolean (2T, 2T) mask over the [noisy | clean] input, True = may attend.
 
-    With logical position p and block(p) = p // B, query i may attend key j when
+    With logical position p and block(p) = (p + offset) // B, query i may attend key j when
       clean -> clean: pos_j <= pos_i                         (a plain AR model)
       noisy -> noisy: same block and pos_j <= pos_i          (causal within a block)
       noisy -> clean: block(j) < block(i)                    (earlier blocks only)
       clean -> noisy: never
+    The paper's blocks start at multiples of B (offset 0); see `mars_loss` for why
+    training here shifts them.
     """
     pos = torch.arange(seq_len)
-    blk = pos // block_size
+    blk = (pos + offset) // block_size
     causal = pos[None, :] <= pos[:, None]
     same_block = blk[None, :] == blk[:, None]
     earlier_block = blk[None, :] < blk[:, None]
@@ -44,17 +46,25 @@ def noisy_copy(x, y, mask_id):
     return torch.where(is_response, torch.full_like(x, mask_id), x)
 
 
-def mars_loss(model, x, y, mask_id, block_size, ar_weight=1.0):
+def mars_loss(model, x, y, mask_id, block_size, ar_weight=1.0, offset=0):
     """Returns (loss, noisy_loss, clean_loss) for inputs x and targets y (b, T).
 
     One forward over [noisy | clean] (length 2T) with shared positions 0..T-1;
     loss = CE(noisy) + ar_weight * CE(clean), over positions whose target is a
     response token. Logits are computed only there (the 2T sequence would
-    otherwise double the largest tensor of the step)."""
+    otherwise double the largest tensor of the step).
+
+    offset shifts the block boundaries (train.py draws it at random each step).
+    At inference the masks start wherever the committed text ends, not at a
+    multiple of B. With learned absolute positions a model trained on fixed
+    blocks reads its place in the block from p % B instead of counting the
+    masks it sees, and then predicts at the wrong distance ("is is", skipped
+    digits). Random offsets take that shortcut away (the paper's RoPE models
+    do not see absolute positions)."""
     b, T = x.shape
     ids = torch.cat([noisy_copy(x, y, mask_id), x], dim=1)
     pos = torch.arange(T, device=x.device).repeat(2)
-    attn_mask = mars_attention_mask(T, block_size).to(x.device)
+    attn_mask = mars_attention_mask(T, block_size, offset).to(x.device)
     targets = torch.cat([y, y], dim=1)
     where = targets != -1
     logits = model(ids, positions=pos, attn_mask=attn_mask, logits_at=where)

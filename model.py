@@ -137,8 +137,8 @@ class GPT(nn.Module):
     def forward(self, idx, positions=None, attn_mask=None, cache=None, logits_at=None):
         """Logits for token ids idx (b, t).
 
-        positions: (t,) or (b, t) position ids; default 0..t-1, or each row's
-            cache length onwards when a cache is given.
+        positions: (t,) or (b, t) position ids, each < max_seq_len; default 0..t-1,
+            or each row's cache length onwards when a cache is given.
         attn_mask: bool (t, t) or (b, t, t), True = may attend; default causal.
             Not combined with a cache (a cached forward is causal over its slots).
         cache: a KVCache; this forward appends its keys and values to it.
@@ -149,16 +149,18 @@ class GPT(nn.Module):
         plan = None
         if cache is not None:
             assert attn_mask is None, "a cached forward is causal over the cache"
+            if positions is None:
+                if max(cache.lengths) + t > self.config.max_seq_len:
+                    raise ValueError(f"sequence longer than the model's context ({self.config.max_seq_len})")
+                positions = torch.tensor(cache.lengths, device=idx.device)[:, None] + torch.arange(t, device=idx.device)
             where, n_keys, attn_mask = cache.write_plan(t, idx.device)
             plan = (where, n_keys)
-            if positions is None:
-                positions = torch.tensor(cache.lengths, device=idx.device)[:, None] + torch.arange(t, device=idx.device)
         elif positions is None:
+            if t > self.config.max_seq_len:
+                raise ValueError(f"sequence longer than the model's context ({self.config.max_seq_len})")
             positions = torch.arange(t, device=idx.device)
         if attn_mask is not None and attn_mask.dim() == 3 and cache is None:
             attn_mask = attn_mask[:, None]  # broadcast over heads
-        if positions.max() >= self.config.max_seq_len:
-            raise ValueError(f"sequence longer than the model's context ({self.config.max_seq_len})")
         x = self.wte(idx) + self.wpe(positions)
         for layer, block in enumerate(self.blocks):
             x = block(x, attn_mask, cache, layer, plan)

@@ -23,7 +23,7 @@ import torch
 
 import data
 import mars
-from train import Parser, TrainingError, load_checkpoint, model_from_checkpoint
+from train import Parser, TrainingError, load_checkpoint, model_from_checkpoint, run_cli
 
 CACHE_MODES = ("none", "sliding", "block")
 
@@ -267,8 +267,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (TrainingError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_cli(main)

@@ -30,13 +30,13 @@ from model import GPT, GPTConfig
 # One source of truth for every number: flags override single entries.
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, max_seq_len=64, vocab_size=512, n_train=4000,
-                 batch_size=16, ar_iters=60, mars_iters=60, lr=3e-3, eval_every=30, save_every=30,
+                 batch_size=16, ar_iters=60, mars_iters=60, lr=3e-3, mars_lr=3e-3, eval_every=30, save_every=30,
                  summary_limit=40),
     "cpu": dict(n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048, n_train=40000,
-                batch_size=32, ar_iters=2400, mars_iters=1200, lr=2e-3, eval_every=200, save_every=200,
+                batch_size=32, ar_iters=2700, mars_iters=900, lr=2e-3, mars_lr=1e-3, eval_every=200, save_every=200,
                 summary_limit=None),
     "gpu": dict(n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000,
-                batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, eval_every=500, save_every=500,
+                batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=5e-4, eval_every=500, save_every=500,
                 summary_limit=None),
 }
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
@@ -44,6 +44,15 @@ MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
 
 class TrainingError(Exception):
     """A problem the user can fix: reported as one line, exit code 1."""
+
+
+def run_cli(main):
+    """Run a command-line main: a user's mistake becomes one line on stderr and exit 1."""
+    try:
+        main()
+    except (TrainingError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 class Parser(argparse.ArgumentParser):
@@ -86,7 +95,8 @@ def get_args(argv=None):
                                                    "accumulation (default batch_size / processes)")
     g.add_argument("--ar_iters", type=int, help="optimizer steps of stage 1")
     g.add_argument("--mars_iters", type=int, help="optimizer steps of stage 2")
-    g.add_argument("--lr", type=float, help="peak learning rate (linear warmup, then cosine to lr/10)")
+    g.add_argument("--lr", type=float, help="peak learning rate of stage 1 (linear warmup, then cosine to lr/10)")
+    g.add_argument("--mars_lr", type=float, help="peak learning rate of stage 2 (lower: it starts from a trained model)")
     g.add_argument("--warmup", type=float, default=0.05, help="warmup as a fraction of the stage's steps (default 0.05)")
     g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay on matrices (default 0.1)")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (default 1.0)")
@@ -119,7 +129,7 @@ def save_checkpoint(path, ckpt):
 def load_checkpoint(path, device="cpu"):
     """The checkpoint dict, or TrainingError with a one-line reason."""
     if not os.path.isfile(path):
-        raise TrainingError(f"checkpoint not found: {path}")
+        raise TrainingError(f"checkpoint not found: {path} (train one with: python train.py)")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
         assert isinstance(ckpt, dict) and {"model", "model_config", "tokenizer"} <= ckpt.keys()
@@ -153,12 +163,12 @@ class Interrupt:
         self.requested = True
 
 
-def lr_at(it, args, iters):
-    warmup = max(1, int(args.warmup * iters))
+def lr_at(it, peak, warmup_frac, iters):
+    warmup = max(1, int(warmup_frac * iters))
     if it < warmup:
-        return args.lr * (it + 1) / warmup
+        return peak * (it + 1) / warmup
     progress = (it - warmup) / max(1, iters - warmup)
-    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def train_stage(stage, model, tok, splits, args, dist_info, state=None):
@@ -166,7 +176,7 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
     rank, world = dist_info
     master = rank == 0
     device = args.device
-    iters = args.ar_iters if stage == "ar" else args.mars_iters
+    iters, peak_lr = (args.ar_iters, args.lr) if stage == "ar" else (args.mars_iters, args.mars_lr)
     path = os.path.join(args.out_dir, f"{stage}.pt")
     train_rows = data.tokenize(splits["train"], tok, args.max_seq_len)
     val_rows = data.tokenize(splits["val"], tok, args.max_seq_len)[:256]
@@ -179,12 +189,12 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
     accum = args.batch_size // (micro * world)
 
     if stage == "ar":
-        def loss_fn(m, x, y):
+        def loss_fn(m, x, y, offset=0):
             loss = mars.ar_loss(m, x, y)
             return loss, {"loss": loss}
     else:
-        def loss_fn(m, x, y):
-            loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, args.block_size, args.ar_weight)
+        def loss_fn(m, x, y, offset=0):
+            loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, args.block_size, args.ar_weight, offset)
             return loss, {"loss": loss, "noisy": noisy, "clean": clean}
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -192,7 +202,7 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
     fused = device.startswith("cuda")
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=args.lr, betas=(0.9, 0.95), fused=fused)
+                                  lr=peak_lr, betas=(0.9, 0.95), fused=fused)
     order = torch.Generator().manual_seed(args.seed + (0 if stage == "ar" else 1))
     start, history = 0, []
     if state is not None:  # --resume
@@ -233,11 +243,12 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
         model.train()
         t0, tokens_seen, t_last = time.time(), 0, time.time()
         for it in range(start, iters):
-            lr = lr_at(it, args, iters)
+            lr = lr_at(it, peak_lr, args.warmup, iters)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             # every process draws the same global batch, then takes its own share
             batch = torch.randint(len(train_rows), (args.batch_size,), generator=order).tolist()
+            offset = int(torch.randint(args.block_size, (1,), generator=order))  # MARS block alignment
             mine = batch[rank * micro * accum:(rank + 1) * micro * accum]
             logged = {}
             for a in range(accum):
@@ -247,7 +258,7 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
                 if world > 1:
                     run.require_backward_grad_sync = a == accum - 1
                 with amp:
-                    loss, parts = loss_fn(run, x, y)
+                    loss, parts = loss_fn(run, x, y, offset)
                 (loss / accum).backward()
                 for k, v in parts.items():
                     logged[k] = logged.get(k, 0.0) + v.item() / accum
@@ -398,8 +409,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (TrainingError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_cli(main)

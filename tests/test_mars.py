@@ -16,8 +16,8 @@ def m():
     return random_model(seed=5)
 
 
-def reference_mask(T, B):
-    """The four rules of MARS.md, one element at a time."""
+def reference_mask(T, B, offset=0):
+    """The four rules of MARS.md, one element at a time (blocks shifted by offset)."""
     M = [[False] * (2 * T) for _ in range(2 * T)]
     for i in range(2 * T):
         for j in range(2 * T):
@@ -26,9 +26,9 @@ def reference_mask(T, B):
             if qi == "clean" and kj == "clean":
                 M[i][j] = pj <= pi
             elif qi == "noisy" and kj == "noisy":
-                M[i][j] = pj // B == pi // B and pj <= pi
+                M[i][j] = (pj + offset) // B == (pi + offset) // B and pj <= pi
             elif qi == "noisy" and kj == "clean":
-                M[i][j] = pj // B < pi // B
+                M[i][j] = (pj + offset) // B < (pi + offset) // B
             else:
                 M[i][j] = False
     return torch.tensor(M)
@@ -41,6 +41,17 @@ def test_attention_mask_matches_the_four_rules(T, B):
     assert torch.equal(mask, reference_mask(T, B))
     assert mask.any(dim=1).all()  # every query sees something: no NaN rows in SDPA
     assert mask.diagonal().all()
+
+
+@pytest.mark.parametrize("T,B,offset", [(8, 4, 1), (10, 4, 3), (7, 3, 2), (9, 2, 1)])
+def test_attention_mask_with_shifted_blocks(T, B, offset):
+    """Training shifts the block boundaries at random: the rules hold with block(p) = (p + offset) // B."""
+    mask = mars.mars_attention_mask(T, B, offset)
+    assert torch.equal(mask, reference_mask(T, B, offset))
+    assert not torch.equal(mask, mars.mars_attention_mask(T, B))
+    assert mask.any(dim=1).all()
+    # the first block is shortened to B - offset positions: noisy position B - offset starts block 1
+    assert mask[B - offset, T:T + B - offset].all() and not mask[B - offset - 1, T:].any()
 
 
 def test_attention_mask_block_one_noisy_sees_all_earlier_clean():
