@@ -20,8 +20,7 @@ import sys
 import torch
 
 import data
-from sample import generate
-from train import Parser, TrainingError, load_checkpoint, model_from_checkpoint, run_cli
+from sample import Parser, UserError, generate, load_checkpoint, model_from_checkpoint, run_cli
 
 
 def score(model, tok, examples, batch_size=64, **decode):
@@ -98,7 +97,7 @@ def main(argv=None):
     args = get_args(argv)
     ar_ckpt, mars_ckpt = load_checkpoint(args.ar_ckpt, args.device), load_checkpoint(args.ckpt, args.device)
     if "mars" not in mars_ckpt:
-        raise TrainingError(f"{args.ckpt} is not a MARS checkpoint")
+        raise UserError(f"{args.ckpt} is not a MARS checkpoint")
     ar_model, tok = model_from_checkpoint(ar_ckpt, args.device)
     model, mtok = model_from_checkpoint(mars_ckpt, args.device)
     ar_model.eval(), model.eval()

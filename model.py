@@ -1,10 +1,12 @@
-"""A small GPT in one file: pre-norm decoder, learned positions, tied weights,
+"""A small GPT in one file: pre-norm decoder, rotary positions, tied weights,
 explicit position ids and attention masks, and a static KV cache.
 
 MARS needs two things a plain GPT hides: position ids (the noisy and clean
 streams share positions 0..T-1) and an arbitrary boolean attention mask (the
-structured [noisy | clean] mask). Both are ordinary arguments here. Nothing in
-this file knows about MARS or tokenizers.
+structured [noisy | clean] mask). Both are ordinary arguments here. Positions
+enter only through the rotary embedding of queries and keys (as in the paper's
+Qwen2.5 models), so attention sees relative distances, never absolute places.
+Nothing in this file knows about MARS or tokenizers.
 """
 import math
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ class GPTConfig:
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 256
+    rope_base: float = 10000.0
 
 
 class KVCache:
@@ -45,6 +48,12 @@ class KVCache:
         """Drop finished rows from the batch."""
         self.k, self.v = self.k[:, rows], self.v[:, rows]
         self.lengths = [self.lengths[i] for i in rows]
+
+    def add_rows(self, n):
+        """Append n empty rows (new requests joining a running batch)."""
+        empty = self.k.new_zeros(self.k.shape[0], n, *self.k.shape[2:])
+        self.k, self.v = torch.cat([self.k, empty], dim=1), torch.cat([self.v, empty], dim=1)
+        self.lengths = self.lengths + [0] * n
 
     def write_plan(self, t, device):
         """Where a forward of t new tokens writes, which keys it reads, and its mask.
@@ -77,6 +86,23 @@ class KVCache:
         return self.k[layer, :, :, :n_keys], self.v[layer, :, :, :n_keys]
 
 
+def rotary(positions, head_dim, base):
+    """cos and sin (b or 1, 1, t, head_dim/2) of the rotation angles position * base^(-2i/d)."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim)
+    angles = positions.double()[..., None] * inv_freq  # float64: exact enough for any position
+    if angles.dim() == 2:
+        angles = angles[None]
+    return angles.cos()[:, None], angles.sin()[:, None]
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate pairs (x1[i], x2[i]) of the two halves of each head by the position's angles.
+    The dot product of a rotated query at p and a rotated key at p' depends on p - p' only."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -84,9 +110,10 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
-    def forward(self, x, attn_mask, cache, layer, plan):
+    def forward(self, x, rope, attn_mask, cache, layer, plan):
         b, t, c = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_head, c // self.n_head).permute(2, 0, 3, 1, 4)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # keys are cached rotated
         if cache is not None:
             k, v = cache.update(layer, k, v, *plan)
         if attn_mask is None and cache is None:
@@ -105,8 +132,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(config.n_embd, 4 * config.n_embd, bias=False), nn.GELU(),
                                  nn.Linear(4 * config.n_embd, config.n_embd, bias=False))
 
-    def forward(self, x, attn_mask, cache, layer, plan):
-        x = x + self.attn(self.ln1(x), attn_mask, cache, layer, plan)
+    def forward(self, x, rope, attn_mask, cache, layer, plan):
+        x = x + self.attn(self.ln1(x), rope, attn_mask, cache, layer, plan)
         return x + self.mlp(self.ln2(x))
 
 
@@ -115,7 +142,6 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.max_seq_len, config.n_embd)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -137,8 +163,9 @@ class GPT(nn.Module):
     def forward(self, idx, positions=None, attn_mask=None, cache=None, logits_at=None):
         """Logits for token ids idx (b, t).
 
-        positions: (t,) or (b, t) position ids, each < max_seq_len; default 0..t-1,
-            or each row's cache length onwards when a cache is given.
+        positions: (t,) or (b, t) position ids; default 0..t-1, or each row's
+            cache length onwards when a cache is given. Only differences matter:
+            adding a constant to every position leaves the logits unchanged.
         attn_mask: bool (t, t) or (b, t, t), True = may attend; default causal.
             Not combined with a cache (a cached forward is causal over its slots).
         cache: a KVCache; this forward appends its keys and values to it.
@@ -161,9 +188,10 @@ class GPT(nn.Module):
             positions = torch.arange(t, device=idx.device)
         if attn_mask is not None and attn_mask.dim() == 3 and cache is None:
             attn_mask = attn_mask[:, None]  # broadcast over heads
-        x = self.wte(idx) + self.wpe(positions)
+        rope = rotary(positions, self.config.n_embd // self.config.n_head, self.config.rope_base)
+        x = self.wte(idx)
         for layer, block in enumerate(self.blocks):
-            x = block(x, attn_mask, cache, layer, plan)
+            x = block(x, rope, attn_mask, cache, layer, plan)
         if cache is not None:
             cache.lengths = [n + t for n in cache.lengths]
         x = self.ln_f(x)

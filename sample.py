@@ -15,6 +15,7 @@ causal attention it cannot change the others, and we leave it out.)
 """
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,55 @@ import torch
 
 import data
 import mars
-from train import Parser, TrainingError, load_checkpoint, model_from_checkpoint, run_cli
+from model import GPT, GPTConfig
+
+# ---------------------------------------------------------------------------
+# Checkpoints and command-line conventions, shared by every CLI (train, eval, serve sit above)
+
+
+class UserError(Exception):
+    """A problem the user can fix: reported as one line, exit code 1."""
+
+
+def run_cli(main):
+    """Run a command-line main: a user's mistake becomes one line on stderr and exit 1."""
+    try:
+        main()
+    except (UserError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, for every CLI of the project."""
+
+    def __init__(self, doc):
+        super().__init__(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def load_checkpoint(path, device="cpu"):
+    """The checkpoint dict, or UserError with a one-line reason."""
+    if not os.path.isfile(path):
+        raise UserError(f"checkpoint not found: {path} (train one with: python train.py)")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+        assert isinstance(ckpt, dict) and {"model", "model_config", "tokenizer"} <= ckpt.keys()
+        return ckpt
+    except Exception:
+        raise UserError(f"not a readable checkpoint of this project: {path}") from None
+
+
+def model_from_checkpoint(ckpt, device="cpu"):
+    model = GPT(GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device), data.Tokenizer.from_state(ckpt["tokenizer"])
+
+
+# ---------------------------------------------------------------------------
+# Decoding
 
 CACHE_MODES = ("none", "sliding", "block")
 
@@ -223,7 +272,7 @@ def main(argv=None):
     if args.ar:
         B = 1
     elif "mars" not in ckpt:
-        raise TrainingError(f"{args.ckpt} is a stage-1 (AR) checkpoint: use --ar, or a MARS checkpoint (mars.pt)")
+        raise UserError(f"{args.ckpt} is a stage-1 (AR) checkpoint: use --ar, or a MARS checkpoint (mars.pt)")
     else:
         B = args.block_size or ckpt["mars"]["B"]
     decode = dict(B=B, tau=args.tau, cache=args.cache, cache_block=args.cache_block, lossless=args.lossless,

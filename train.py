@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import data
 import mars
 from model import GPT, GPTConfig
+from sample import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli
 
 # One source of truth for every number: flags override single entries.
 PRESETS = {
@@ -40,29 +41,6 @@ PRESETS = {
                 summary_limit=None),
 }
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
-
-
-class TrainingError(Exception):
-    """A problem the user can fix: reported as one line, exit code 1."""
-
-
-def run_cli(main):
-    """Run a command-line main: a user's mistake becomes one line on stderr and exit 1."""
-    try:
-        main()
-    except (TrainingError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line, for every CLI of the project."""
-
-    def __init__(self, doc):
-        super().__init__(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-
-    def error(self, message):
-        self.exit(2, f"error: {message} (see --help)\n")
 
 
 def get_args(argv=None):
@@ -126,24 +104,6 @@ def save_checkpoint(path, ckpt):
     os.replace(tmp, path)
 
 
-def load_checkpoint(path, device="cpu"):
-    """The checkpoint dict, or TrainingError with a one-line reason."""
-    if not os.path.isfile(path):
-        raise TrainingError(f"checkpoint not found: {path} (train one with: python train.py)")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-        assert isinstance(ckpt, dict) and {"model", "model_config", "tokenizer"} <= ckpt.keys()
-        return ckpt
-    except Exception:
-        raise TrainingError(f"not a readable checkpoint of this project: {path}") from None
-
-
-def model_from_checkpoint(ckpt, device="cpu"):
-    model = GPT(GPTConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device), data.Tokenizer.from_state(ckpt["tokenizer"])
-
-
 # ---------------------------------------------------------------------------
 # The loop, shared by both stages: only the loss function differs
 
@@ -181,11 +141,11 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
     train_rows = data.tokenize(splits["train"], tok, args.max_seq_len)
     val_rows = data.tokenize(splits["val"], tok, args.max_seq_len)[:256]
     if not train_rows:
-        raise TrainingError(f"no training example fits --max_seq_len {args.max_seq_len}")
+        raise UserError(f"no training example fits --max_seq_len {args.max_seq_len}")
 
     micro = args.micro_batch or args.batch_size // world
     if micro < 1 or args.batch_size % (micro * world):
-        raise TrainingError(f"--batch_size {args.batch_size} is not a multiple of --micro_batch {micro} x {world} processes")
+        raise UserError(f"--batch_size {args.batch_size} is not a multiple of --micro_batch {micro} x {world} processes")
     accum = args.batch_size // (micro * world)
 
     if stage == "ar":
@@ -264,7 +224,7 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
                     logged[k] = logged.get(k, 0.0) + v.item() / accum
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             if not torch.isfinite(norm):  # identical on every process after the all-reduce
-                raise TrainingError(f"non-finite loss or gradient at {stage} step {it} (loss {logged['loss']:.4g}); "
+                raise UserError(f"non-finite loss or gradient at {stage} step {it} (loss {logged['loss']:.4g}); "
                                     f"stopped without updating; the last good checkpoint is {path}"
                                     + (" (none was written yet)" if not os.path.exists(path) else ""))
             optimizer.step()
@@ -388,7 +348,7 @@ def main(argv=None):
         else:
             source = state or load_checkpoint(args.init_from or os.path.join(args.out_dir, "ar.pt"))
             if stage == "mars" and state is None and source.get("stage") != "ar":
-                raise TrainingError("--init_from must be a stage-1 (ar) checkpoint")
+                raise UserError("--init_from must be a stage-1 (ar) checkpoint")
             model, tok = model_from_checkpoint(source, args.device)
             for k in MODEL_KEYS:  # the architecture comes from the checkpoint
                 setattr(args, k, source["model_config"][k])

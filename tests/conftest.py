@@ -42,7 +42,6 @@ def random_model(seed=0, sharp=True):
                 if p.dim() == 2 and not name.startswith("w"):
                     p.normal_(0, 0.2)
             m.wte.weight.mul_(3)
-            m.wpe.weight.mul_(3)
             m.ln_f.weight.mul_(10)
     return m
 

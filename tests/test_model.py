@@ -128,8 +128,12 @@ def test_explicit_positions_equal_default(m):
     a = m(x)
     torch.testing.assert_close(m(x, positions=torch.arange(16)), a, atol=0, rtol=0)
     torch.testing.assert_close(m(x, positions=torch.arange(16).expand(2, 16)), a, atol=0, rtol=0)
-    shifted = m(x, positions=torch.arange(16) + 3)
-    assert (shifted - a).abs().max() > 1e-3  # positions are used
+    # rotary positions: only distances matter, so shifting every position changes nothing
+    torch.testing.assert_close(m(x, positions=torch.arange(16) + 37), a, atol=ATOL, rtol=0)
+    torch.testing.assert_close(m(x, positions=torch.arange(16) + torch.tensor([[5], [200]])), a, atol=ATOL, rtol=0)
+    # ... but the distances are used: stretching them changes the logits
+    stretched = m(x, positions=2 * torch.arange(16))
+    assert (stretched - a).abs().max() > 1e-3
 
 
 def test_explicit_causal_mask_equals_default(m):

@@ -249,8 +249,8 @@ def test_kv_cache_holds_exactly_the_committed_tokens(m, kw):
 
 @pytest.fixture(scope="module")
 def trained(tiny_run):
-    ckpt = train.load_checkpoint(str(tiny_run / "mars.pt"))
-    model, tok = train.model_from_checkpoint(ckpt)
+    ckpt = sample.load_checkpoint(str(tiny_run / "mars.pt"))
+    model, tok = sample.model_from_checkpoint(ckpt)
     return model.double().eval(), tok, ckpt
 
 

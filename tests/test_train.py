@@ -10,6 +10,7 @@ import time
 
 import torch
 
+import sample
 import train
 from conftest import ONE_THREAD, ROOT, assert_one_line_error, run_cli
 
@@ -24,7 +25,7 @@ def assert_checkpoint(path, stage, done=True):
     ckpt = load(path)
     assert {"model", "model_config", "tokenizer", "train_config"} <= ckpt.keys()
     assert ckpt["stage"] == stage and ckpt["done"] is done
-    model, tok = train.model_from_checkpoint(ckpt)  # weights, config and tokenizer fit together
+    model, tok = sample.model_from_checkpoint(ckpt)  # weights, config and tokenizer fit together
     assert model.config.vocab_size == tok.n_vocab
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
     return ckpt
