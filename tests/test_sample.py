@@ -13,7 +13,7 @@ PROMPTS = random_prompts((3, 7, 12, 5, 1))
 N = 40  # max_new_tokens
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=lambda s: f"model{s}")
+@pytest.fixture(scope="module", params=[2, 7], ids=lambda s: f"model{s}")
 def m(request):
     return random_model(seed=request.param)
 
