@@ -15,7 +15,7 @@ import torch.nn.functional as F
 # ---------------------------------------------------------------------------
 # Training (paper section "Training")
 
-def mars_attention_mask(seq_len, block_size, offset=0):
+def mars_attention_mask(seq_len, B, offset=0):
     """Boolean (2T, 2T) mask over the [noisy | clean] input, True = may attend.
 
     With logical position p and block(p) = (p + offset) // B, query i may attend key j when
@@ -23,11 +23,12 @@ def mars_attention_mask(seq_len, block_size, offset=0):
       noisy -> noisy: same block and pos_j <= pos_i          (causal within a block)
       noisy -> clean: block(j) < block(i)                    (earlier blocks only)
       clean -> noisy: never
-    The paper's blocks start at multiples of B (offset 0); see `mars_loss` for why
-    training here shifts them.
+    The paper's grid is offset 0: blocks start at multiples of B from the start
+    of the chat sequence. A nonzero offset shifts every boundary (an ablation:
+    train.py --block_offset random).
     """
     pos = torch.arange(seq_len)
-    blk = (pos + offset) // block_size
+    blk = (pos + offset) // B
     causal = pos[None, :] <= pos[:, None]
     same_block = blk[None, :] == blk[:, None]
     earlier_block = blk[None, :] < blk[:, None]
@@ -46,32 +47,48 @@ def noisy_copy(x, y, mask_id):
     return torch.where(is_response, torch.full_like(x, mask_id), x)
 
 
-def mars_loss(model, x, y, mask_id, block_size, ar_weight=1.0, offset=0):
+def per_sequence_mean(ce, where):
+    """(b,) mean of each sequence's values over its True entries of where (b, T);
+    ce holds the values of the True entries, in row-major order."""
+    per_token = torch.zeros(where.shape, dtype=ce.dtype, device=ce.device)
+    per_token[where] = ce
+    return per_token.sum(1) / where.sum(1).clamp_min(1)
+
+
+def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, offset=0, noisy_weight=None):
     """Returns (loss, noisy_loss, clean_loss) for inputs x and targets y (b, T).
 
-    One forward over [noisy | clean] (length 2T) with shared positions 0..T-1;
-    loss = CE(noisy) + ar_weight * CE(clean), over positions whose target is a
-    response token. Logits are computed only there (the 2T sequence would
-    otherwise double the largest tensor of the step).
+    One forward over [noisy | clean] (length 2T) with shared positions 0..T-1.
+    The loss is, per sequence, the mean over its response tokens of
+    CE(noisy) + ar_weight * CE(clean), then the mean over sequences: a short
+    answer weighs as much as a long one (the official trainer's "sequence"
+    normalisation). Logits are computed only where there is a target (the 2T
+    sequence would otherwise double the largest tensor of the step).
 
-    offset shifts the block boundaries (train.py draws it at random each step).
-    At inference the masks start wherever the committed text ends, not at a
-    multiple of B. With learned absolute positions a model trained on fixed
-    blocks reads its place in the block from p % B instead of counting the
-    masks it sees, and then predicts at the wrong distance ("is is", skipped
-    digits). Random offsets take that shortcut away (the paper's RoPE models
-    do not see absolute positions)."""
+    noisy_weight (b,), optional: a weight per sequence on the noisy loss. The
+    paper's "w/o SFT loss" ablation uses ar_weight = 0 with the weights of
+    `no_sft_weights`."""
     b, T = x.shape
     ids = torch.cat([noisy_copy(x, y, mask_id), x], dim=1)
     pos = torch.arange(T, device=x.device).repeat(2)
-    attn_mask = mars_attention_mask(T, block_size, offset).to(x.device)
+    attn_mask = mars_attention_mask(T, B, offset).to(x.device)
     targets = torch.cat([y, y], dim=1)
     where = targets != -1
     logits = model(ids, positions=pos, attn_mask=attn_mask, logits_at=where)
     ce = F.cross_entropy(logits.float(), targets[where], reduction="none")
     is_noisy = torch.arange(2 * T, device=x.device).expand(b, -1)[where] < T
-    noisy_loss, clean_loss = ce[is_noisy].mean(), ce[~is_noisy].mean()
-    return noisy_loss + ar_weight * clean_loss, noisy_loss, clean_loss
+    noisy = per_sequence_mean(ce[is_noisy], where[:, :T])
+    clean = per_sequence_mean(ce[~is_noisy], where[:, T:])
+    weight = 1.0 if noisy_weight is None else noisy_weight
+    return (weight * noisy + ar_weight * clean).mean(), noisy.mean(), clean.mean()
+
+
+def no_sft_weights(b, generator=None, device="cpu", eps=1e-3):
+    """1/t per sequence, t ~ U[eps, 1): the noisy-loss weights of the paper's
+    "w/o SFT loss" trainer, the masked-diffusion weighting it inherits (its
+    noisy stream is always fully masked, so t only sets the weight)."""
+    t = eps + (1 - eps) * torch.rand(b, generator=generator)
+    return (1 / t).to(device)
 
 
 def ar_loss(model, x, y):
@@ -89,17 +106,18 @@ METRICS = ("prob", "entropy", "margin")
 def choose(logits, temperature=0.0, metric="prob", generator=None):
     """Tokens and their confidence in [0, 1] for logits (..., vocab).
 
-    Greedy at temperature 0, else Gumbel-max sampling of softmax(logits / T);
-    the confidence always comes from that softmax:
+    Greedy at temperature 0, else Gumbel-max sampling of softmax(logits / T).
+    The confidence comes from the untempered softmax(logits), as in the
+    official sampler: the temperature changes which token is drawn, not the
+    scale on which tau is read:
       prob:    probability of the chosen token
       margin:  top-1 minus top-2 probability
       entropy: 1 - H(p) / log(vocab), so that one rule, conf >= tau, serves all
     """
     logits = logits.float()
     if temperature > 0:
-        logits = logits / temperature
         u = torch.rand(logits.shape, generator=generator, device=logits.device)
-        tokens = (logits - torch.log(-torch.log(u.clamp_min(1e-20)))).argmax(-1)
+        tokens = (logits / temperature - torch.log(-torch.log(u.clamp_min(1e-20)))).argmax(-1)
     else:
         tokens = logits.argmax(-1)
     probs = logits.softmax(-1)

@@ -3,9 +3,10 @@
     python train.py                       # both stages with the default preset
     python train.py --preset tiny         # seconds, for tests
     python train.py --stage mars --init_from out/ar.pt
+    python train.py --stage control       # the control: stage 1 trained on with the AR loss alone
     torchrun --standalone --nproc_per_node=2 train.py --preset tiny   # data parallel
 
-Writes <out_dir>/ar.pt and mars.pt (self-contained: weights, model config,
+Writes <out_dir>/ar.pt and mars.pt (control.pt with --stage control; self-contained: weights, model config,
 tokenizer, training config, optimizer state for --resume), a JSON log and a
 loss plot per stage, and a short held-out evaluation (summary.json).
 """
@@ -16,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict
 
 import torch
@@ -34,10 +35,10 @@ PRESETS = {
                  batch_size=16, ar_iters=60, mars_iters=60, lr=3e-3, mars_lr=3e-3, eval_every=30, save_every=30,
                  summary_limit=40),
     "cpu": dict(n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048, n_train=40000,
-                batch_size=32, ar_iters=2700, mars_iters=900, lr=2e-3, mars_lr=1e-3, eval_every=200, save_every=200,
+                batch_size=32, ar_iters=3000, mars_iters=2400, lr=2e-3, mars_lr=2e-3, eval_every=200, save_every=200,
                 summary_limit=None),
     "gpu": dict(n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000,
-                batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=5e-4, eval_every=500, save_every=500,
+                batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3, eval_every=500, save_every=500,
                 summary_limit=None),
 }
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
@@ -45,22 +46,30 @@ MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
 
 def get_args(argv=None):
     p = Parser(__doc__)
-    p.add_argument("--preset", choices=PRESETS, default=None,
-                   help="size of model and run: tiny (seconds), cpu (laptop, ~20 min), gpu (one GPU); "
-                        "default gpu when CUDA is available, else cpu")
-    p.add_argument("--stage", choices=["ar", "mars", "all"], default="all",
-                   help="ar: stage 1 (AR SFT); mars: stage 2 from --init_from; all: both (default)")
-    p.add_argument("--init_from", default=None, help="stage-1 checkpoint to start stage 2 from (default <out_dir>/ar.pt)")
+    p.add_argument("--preset", choices=PRESETS, help="size of model and run: tiny (seconds), cpu (laptop, "
+                                                      "~20 min), gpu (one GPU); default gpu with CUDA, else cpu")
+    p.add_argument("--stage", choices=["ar", "mars", "all", "control"], default="all",
+                   help="ar: stage 1 (AR SFT); mars: stage 2 from --init_from; all: both (default); control: "
+                        "--init_from trained on with the AR loss alone, as long as stage 2 (control.pt)")
+    p.add_argument("--init_from", help="stage-1 checkpoint for stage 2 or the control (default <out_dir>/ar.pt)")
     p.add_argument("--out_dir", default="out", help="where checkpoints, logs and plots go (default out)")
-    p.add_argument("--data", default=None, help="your own instruction data: JSONL of {prompt, response} or {messages}")
+    p.add_argument("--data", help="your own instruction data: JSONL of {prompt, response} or {messages}")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from the checkpoints in --out_dir")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default cuda when available)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cuda when available)")
     p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batch order")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (CUDA only)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="autocast precision of the forward passes "
+                                                                    "(default bfloat16 on CUDA, float32 elsewhere)")
     g = p.add_argument_group("MARS (stage 2)")
     g.add_argument("--block_size", type=int, default=4, help="B, the MARS block: masks predicted together (default 4)")
     g.add_argument("--ar_weight", type=float, default=1.0,
-                   help="alpha, weight of the clean-stream (AR) loss; 0 is the paper's 'w/o SFT loss' ablation")
+                   help="alpha, weight of the clean-stream (AR) loss (default 1.0). 0 drops it and changes nothing "
+                        "else: that is not quite the paper's 'w/o SFT loss' ablation, which is --no_sft")
+    g.add_argument("--no_sft", action="store_true", help="the paper's 'w/o SFT loss' ablation: no clean-stream loss, "
+                                                         "each sequence's noisy loss weighted 1/t, t ~ U[0.001, 1)")
+    g.add_argument("--block_offset", choices=["fixed", "random"], default="fixed",
+                   help="fixed: the paper's blocks, at multiples of B from the sequence start (default); "
+                        "random: every step shifts the boundaries by a random offset (an ablation)")
     g = p.add_argument_group("preset overrides (default: the preset's value)")
     g.add_argument("--n_layer", type=int, help="transformer layers")
     g.add_argument("--n_head", type=int, help="attention heads")
@@ -69,12 +78,12 @@ def get_args(argv=None):
     g.add_argument("--vocab_size", type=int, help="tokenizer vocabulary including special tokens (at most)")
     g.add_argument("--n_train", type=int, help="training examples generated for the built-in instruction set")
     g.add_argument("--batch_size", type=int, help="global batch in sequences, whatever the number of processes")
-    g.add_argument("--micro_batch", type=int, help="sequences per forward per process; the rest is gradient "
-                                                   "accumulation (default batch_size / processes)")
+    g.add_argument("--micro_batch", type=int, help="sequences per forward per process, the rest accumulated "
+                                                   "(default batch_size / processes)")
     g.add_argument("--ar_iters", type=int, help="optimizer steps of stage 1")
     g.add_argument("--mars_iters", type=int, help="optimizer steps of stage 2")
-    g.add_argument("--lr", type=float, help="peak learning rate of stage 1 (linear warmup, then cosine to lr/10)")
-    g.add_argument("--mars_lr", type=float, help="peak learning rate of stage 2 (lower: it starts from a trained model)")
+    g.add_argument("--lr", type=float, help="peak learning rate of stage 1 (linear warmup, then cosine to zero)")
+    g.add_argument("--mars_lr", type=float, help="peak learning rate of stage 2 and the control (the paper: as stage 1)")
     g.add_argument("--warmup", type=float, default=0.05, help="warmup as a fraction of the stage's steps (default 0.05)")
     g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay on matrices (default 0.1)")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (default 1.0)")
@@ -87,11 +96,13 @@ def get_args(argv=None):
         if getattr(args, k) is None:
             setattr(args, k, v)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     args.data = args.data and os.path.abspath(args.data)  # the checkpoint must find it from anywhere
     if args.block_size < 1:
         p.error("--block_size must be at least 1")
     if args.ar_weight < 0:
         p.error("--ar_weight must be >= 0")
+    args.ar_weight = 0.0 if args.no_sft else args.ar_weight
     return args
 
 
@@ -99,28 +110,23 @@ def get_args(argv=None):
 # Checkpoints: atomic (temp file + rename), plain types, weights_only loadable
 
 def save_checkpoint(path, ckpt):
-    tmp = path + ".tmp"
-    torch.save(ckpt, tmp)
-    os.replace(tmp, path)
+    torch.save(ckpt, path + ".tmp")
+    os.replace(path + ".tmp", path)
 
 
 # ---------------------------------------------------------------------------
 # The loop, shared by both stages: only the loss function differs
 
-class Interrupt:
-    """Within `with Interrupt() as i:`, Ctrl-C sets i.requested instead of raising,
+@contextmanager
+def ctrl_c_requests():
+    """Within the block, Ctrl-C appends to the yielded list instead of raising,
     so the loop can stop at the next step boundary with a checkpoint."""
-
-    def __enter__(self):
-        self.requested = False
-        self.previous = signal.signal(signal.SIGINT, self.handle)
-        return self
-
-    def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self.previous)
-
-    def handle(self, *_):
-        self.requested = True
+    requests = []
+    previous = signal.signal(signal.SIGINT, lambda *_: requests.append(1))
+    try:
+        yield requests
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def lr_at(it, peak, warmup_frac, iters):
@@ -128,15 +134,15 @@ def lr_at(it, peak, warmup_frac, iters):
     if it < warmup:
         return peak * (it + 1) / warmup
     progress = (it - warmup) / max(1, iters - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return peak * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def train_stage(stage, model, tok, splits, args, dist_info, state=None):
     """Runs one stage to the end (or to Ctrl-C) and writes <out_dir>/<stage>.pt."""
-    rank, world = dist_info
+    (rank, world), device = dist_info, args.device
     master = rank == 0
-    device = args.device
     iters, peak_lr = (args.ar_iters, args.lr) if stage == "ar" else (args.mars_iters, args.mars_lr)
+    is_mars = stage == "mars"
     path = os.path.join(args.out_dir, f"{stage}.pt")
     train_rows = data.tokenize(splits["train"], tok, args.max_seq_len)
     val_rows = data.tokenize(splits["val"], tok, args.max_seq_len)[:256]
@@ -148,58 +154,58 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
         raise UserError(f"--batch_size {args.batch_size} is not a multiple of --micro_batch {micro} x {world} processes")
     accum = args.batch_size // (micro * world)
 
-    if stage == "ar":
-        def loss_fn(m, x, y, offset=0):
+    def loss_fn(m, x, y, rng):
+        """The stage's loss and what to log; rng draws the MARS block offset and the --no_sft weights."""
+        if not is_mars:  # stage 1 and the control: AR SFT
             loss = mars.ar_loss(m, x, y)
             return loss, {"loss": loss}
-    else:
-        def loss_fn(m, x, y, offset=0):
-            loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, args.block_size, args.ar_weight, offset)
-            return loss, {"loss": loss, "noisy": noisy, "clean": clean}
+        offset = int(torch.randint(args.block_size, (1,), generator=rng)) if args.block_offset == "random" else 0
+        weight = mars.no_sft_weights(len(x), rng, x.device) if args.no_sft else None
+        loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, args.block_size, args.ar_weight, offset, weight)
+        return loss, {"loss": loss, "noisy": noisy, "clean": clean}
 
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    fused = device.startswith("cuda")
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=peak_lr, betas=(0.9, 0.95), fused=fused)
-    order = torch.Generator().manual_seed(args.seed + (0 if stage == "ar" else 1))
+    def batch(rows):  # MARS pads each sequence with <|endoftext|> to a multiple of B, as the paper does
+        x, y = data.make_batch(rows, tok.eot, args.block_size if is_mars else 1)
+        return x.to(device), y.to(device)
+
+    groups = [{"params": [p for p in model.parameters() if p.dim() == d], "weight_decay": wd}  # decay matrices only
+              for d, wd in ((2, args.weight_decay), (1, 0.0))]
+    optimizer = torch.optim.AdamW(groups, lr=peak_lr, betas=(0.9, 0.95), fused=device.startswith("cuda"))
+    order = torch.Generator().manual_seed(args.seed + (0 if stage == "ar" else 1))  # control and mars: same batches
     start, history = 0, []
     if state is not None:  # --resume
         optimizer.load_state_dict(state["optimizer"])
         order.set_state(state["order_rng"])
         start, history = state["iter"], state["history"]
 
-    run = torch.compile(model) if args.compile and device.startswith("cuda") else model
+    run = torch.compile(model) if args.compile else model
     run = DDP(run) if world > 1 else run
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else nullcontext()
-    pad = tok.eot
+    amp = torch.autocast(torch.device(device).type, dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32")
 
     def checkpoint(it, done):
-        if not master:
-            return
         ckpt = {"model": model.state_dict(), "model_config": asdict(model.config), "tokenizer": tok.state(),
                 "train_config": vars(args), "stage": stage, "iter": it, "done": done,
                 "optimizer": optimizer.state_dict(), "order_rng": order.get_state(), "history": history}
-        if stage == "mars":
-            ckpt["mars"] = {"B": args.block_size, "ar_weight": args.ar_weight}
-        save_checkpoint(path, ckpt)
+        if is_mars:
+            ckpt["mars"] = {"B": args.block_size, "ar_weight": args.ar_weight, "no_sft": args.no_sft,
+                            "block_offset": args.block_offset}
+        if master:
+            save_checkpoint(path, ckpt)
 
     @torch.no_grad()
-    def val_losses():
+    def val_losses():  # the same loss as training, with its random draws from a fixed seed
         model.eval()
-        sums = {}
+        sums, rng = {}, torch.Generator().manual_seed(1234)
         for i in range(0, len(val_rows), micro):
-            x, y = data.make_batch(val_rows[i:i + micro], pad)
             with amp:
-                _, parts = loss_fn(model, x.to(device), y.to(device))
+                _, parts = loss_fn(model, *batch(val_rows[i:i + micro]), rng)
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + v.item()
         model.train()
         n = math.ceil(len(val_rows) / micro)
         return {f"val_{k}": v / n for k, v in sums.items()}
 
-    with Interrupt() as interrupt:
+    with ctrl_c_requests() as interrupt:
         model.train()
         t0, tokens_seen, t_last = time.time(), 0, time.time()
         for it in range(start, iters):
@@ -207,18 +213,17 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
             for group in optimizer.param_groups:
                 group["lr"] = lr
             # every process draws the same global batch, then takes its own share
-            batch = torch.randint(len(train_rows), (args.batch_size,), generator=order).tolist()
-            offset = int(torch.randint(args.block_size, (1,), generator=order))  # MARS block alignment
-            mine = batch[rank * micro * accum:(rank + 1) * micro * accum]
+            drawn = torch.randint(len(train_rows), (args.batch_size,), generator=order).tolist()
+            step_rng = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=order)))
+            mine = drawn[rank * micro * accum:(rank + 1) * micro * accum]
             logged = {}
             for a in range(accum):
-                x, y = data.make_batch([train_rows[i] for i in mine[a * micro:(a + 1) * micro]], pad)
-                x, y = x.to(device), y.to(device)
+                x, y = batch([train_rows[i] for i in mine[a * micro:(a + 1) * micro]])
                 tokens_seen += x.numel() * world
                 if world > 1:
                     run.require_backward_grad_sync = a == accum - 1
                 with amp:
-                    loss, parts = loss_fn(run, x, y, offset)
+                    loss, parts = loss_fn(run, x, y, step_rng)
                 (loss / accum).backward()
                 for k, v in parts.items():
                     logged[k] = logged.get(k, 0.0) + v.item() / accum
@@ -242,7 +247,7 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
                 print(f"{stage} {it + 1}/{iters} | {parts} | lr {lr:.2e} | "
                       f"{tokens_seen / (time.time() - t_last):,.0f} tok/s | ETA {eta / 60:.1f} min", flush=True)
                 tokens_seen, t_last = 0, time.time()
-            stop = torch.tensor(float(interrupt.requested))
+            stop = torch.tensor(float(bool(interrupt)))
             if world > 1:  # every process stops at the same step
                 dist.all_reduce(stop)
             if stop.item() or last or (it + 1) % args.save_every == 0:
@@ -277,17 +282,13 @@ def write_log_and_plot(stage, history, out_dir):
 # ---------------------------------------------------------------------------
 
 def summary(args, splits):
-    """Held-out accuracy of stage 1 and of MARS at tau = 1.0 and 0.9."""
+    """Held-out accuracy of stage 1 and of MARS at tau = 1.0 and 0.9 (eval.py has the full tables)."""
     from eval import score
-    test = splits["test"][:args.summary_limit]
-    rows = []
-    ar_model, tok = model_from_checkpoint(load_checkpoint(os.path.join(args.out_dir, "ar.pt")), args.device)
-    rows.append(("stage 1 (AR SFT)", None, score(ar_model, tok, test, B=1)))
-    mars_model, tok = model_from_checkpoint(load_checkpoint(os.path.join(args.out_dir, "mars.pt")), args.device)
-    for tau in (1.0, 0.9):
-        rows.append((f"MARS tau={tau}", tau, score(mars_model, tok, test, B=args.block_size, tau=tau)))
-    print(f"\nheld-out test set ({len(test)} prompts)")
-    print("| model | accuracy | tokens/forward |\n|---|---|---|")
+    test, load = splits["test"][:args.summary_limit], lambda name: model_from_checkpoint(
+        load_checkpoint(os.path.join(args.out_dir, name)), args.device)
+    rows = [("stage 1 (AR SFT)", None, score(*load("ar.pt"), test, B=1))]
+    rows += [(f"MARS tau={tau}", tau, score(*load("mars.pt"), test, B=args.block_size, tau=tau)) for tau in (1.0, 0.9)]
+    print(f"\nheld-out test set ({len(test)} prompts)\n| model | accuracy | tokens/forward |\n|---|---|---|")
     for name, _, r in rows:
         print(f"| {name} | {100 * r['accuracy']:.1f}% | {r['tokens_per_forward']:.2f} |")
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
@@ -304,34 +305,27 @@ def main(argv=None):
         if args.device.startswith("cuda"):
             args.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
             torch.cuda.set_device(args.device)
-    master = rank == 0
-    if not args.device.startswith("cuda") and args.compile and master:
-        print("note: --compile is used on CUDA only; ignored on this device")
-    if not args.device.startswith("cuda") and args.preset == "gpu" and master:
-        print("note: bf16 autocast is used on CUDA only; training in float32")
+    say = print if rank == 0 else lambda *_: None
     os.makedirs(args.out_dir, exist_ok=True)
     torch.manual_seed(args.seed)
 
     stages = ["ar", "mars"] if args.stage == "all" else [args.stage]
     resume_state = {}
     if args.resume:
-        for stage in ("mars", "ar"):
+        for stage in ("control", "mars", "ar"):
             path = os.path.join(args.out_dir, f"{stage}.pt")
             if stage in stages and os.path.exists(path):
                 ckpt = load_checkpoint(path)
                 if ckpt.get("done"):
                     stages = stages[stages.index(stage) + 1:]
-                    if master:
-                        print(f"resuming: stage {stage} is complete in {path}" + ("" if stages else "; nothing to do"))
+                    say(f"resuming: stage {stage} is complete in {path}" + ("" if stages else "; nothing to do"))
                 else:
                     stages = stages[stages.index(stage):]
                     resume_state[stage] = ckpt
-                    if master:
-                        print(f"resuming stage {stage} at step {ckpt['iter']} from {path}")
+                    say(f"resuming stage {stage} at step {ckpt['iter']} from {path}")
                 break
         else:
-            if master:
-                print(f"resuming: no checkpoint in {args.out_dir}; starting from scratch")
+            say(f"resuming: no checkpoint in {args.out_dir}; starting from scratch")
 
     splits, tok = None, None
     for stage in stages:
@@ -342,12 +336,11 @@ def main(argv=None):
             tok = data.Tokenizer.train(texts, args.vocab_size)
             config = GPTConfig(vocab_size=tok.n_vocab, **{k: getattr(args, k) for k in MODEL_KEYS})
             model = GPT(config).to(args.device)
-            if master:
-                print(f"instruction set: {', '.join(f'{k} {len(v)}' for k, v in splits.items())}; "
-                      f"tokenizer: {tok.n_vocab} tokens; model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+            say(f"instruction set: {', '.join(f'{k} {len(v)}' for k, v in splits.items())}; tokenizer: "
+                f"{tok.n_vocab} tokens; model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
         else:
             source = state or load_checkpoint(args.init_from or os.path.join(args.out_dir, "ar.pt"))
-            if stage == "mars" and state is None and source.get("stage") != "ar":
+            if state is None and source.get("stage") != "ar":
                 raise UserError("--init_from must be a stage-1 (ar) checkpoint")
             model, tok = model_from_checkpoint(source, args.device)
             for k in MODEL_KEYS:  # the architecture comes from the checkpoint
@@ -359,11 +352,8 @@ def main(argv=None):
         train_stage(stage, model, tok, splits, args, (rank, world), state)
         if world > 1:  # the next stage reads the checkpoint rank 0 has just written
             dist.barrier()
-    if master and args.stage == "all" and stages:
-        if splits["test"]:
-            summary(args, splits)
-        else:
-            print("no held-out test examples in this data: skipping the summary")
+    if rank == 0 and args.stage == "all" and stages:
+        summary(args, splits) if splits["test"] else print("no held-out test examples in this data: skipping the summary")
     if world > 1:
         dist.destroy_process_group()
 

@@ -45,6 +45,24 @@ def test_instruction_set_size_families_and_speed():
         assert set(e) == {"task", "prompt", "response", "answer"}
 
 
+def test_held_out_set_is_large_and_balanced():
+    s = data.build_instruction_set(0, n_train=4000)
+    counts = {}
+    for e in s["test"]:
+        counts[e["task"]] = counts.get(e["task"], 0) + 1
+    assert len(s["test"]) == 2000 and set(counts.values()) == {200}, counts
+
+
+def test_mars_batches_pad_each_sequence_to_a_multiple_of_B_with_trained_end_tokens():
+    rows = [([7, 8, 9, 10, 11, 12], 3), ([7, 8, 9, 10], 2)]  # (chat ids, prompt length)
+    x, y = data.make_batch(rows, pad_id=0, multiple=4)
+    # 6 ids become 8, trained on; 4 stay 4, and the batch pads them untrained; x = ids[:-1]
+    assert x.tolist() == [[7, 8, 9, 10, 11, 12, 0], [7, 8, 9, 0, 0, 0, 0]]
+    assert y.tolist() == [[-1, -1, 10, 11, 12, 0, 0], [-1, 9, 10, -1, -1, -1, -1]]
+    plain_x, plain_y = data.make_batch(rows, pad_id=0)
+    assert plain_y.tolist() == [[-1, -1, 10, 11, 12], [-1, 9, 10, -1, -1]]
+
+
 def corrupt(response, answer):
     """Change one character (the last digit or letter) of the answer where it sits in the response."""
     i = response.rfind(answer)

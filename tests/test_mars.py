@@ -164,19 +164,31 @@ def test_mars_loss_matches_an_independent_computation(padded_batch, B):
     ids = torch.cat([mars.noisy_copy(x, y, tok.mask), x], 1)
     logits = m(ids, positions=torch.arange(T).repeat(2), attn_mask=mars.mars_attention_mask(T, B))
     where = y != -1
-    noisy_ref = F.cross_entropy(logits[:, :T][where], y[where])
-    clean_ref = F.cross_entropy(logits[:, T:][where], y[where])
-    torch.testing.assert_close(clean_ref, mars.ar_loss(m, x, y).double(), atol=1e-6, rtol=0)
+
+    def per_sequence(half):  # the official "sequence" normalisation, one sequence at a time
+        return torch.stack([F.cross_entropy(half[b][where[b]], y[b][where[b]]) for b in range(len(x))])
+    noisy_seq, clean_seq = per_sequence(logits[:, :T]), per_sequence(logits[:, T:])
+    noisy_ref, clean_ref = noisy_seq.mean(), clean_seq.mean()
+    # stage 1 keeps the token mean of an ordinary SFT trainer, so long answers weigh more there
+    token_mean = F.cross_entropy(logits[:, T:][where], y[where])
+    torch.testing.assert_close(token_mean, mars.ar_loss(m, x, y).double(), atol=1e-6, rtol=0)
+    assert abs(token_mean - clean_ref) > 1e-4
+    weights = torch.rand(len(x), dtype=torch.float64) * 5
+    loss, _, _ = mars.mars_loss(m, x, y, tok.mask, B, ar_weight=0.0, noisy_weight=weights)
+    torch.testing.assert_close(loss.double(), (weights * noisy_seq).mean(), atol=1e-6, rtol=0)
     for w in (0.0, 0.5, 1.0):
         loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, B, ar_weight=w)
         torch.testing.assert_close(noisy.double(), noisy_ref, atol=1e-6, rtol=0)
         torch.testing.assert_close(clean.double(), clean_ref, atol=1e-6, rtol=0)
-        assert torch.equal(loss, noisy + w * clean)
-        if w == 0.0:
-            assert torch.equal(loss, noisy)
-        if w == 1.0:
-            assert torch.equal(loss, noisy + clean)
+        torch.testing.assert_close(loss.double(), noisy_ref + w * clean_ref, atol=1e-5, rtol=0)
     assert abs(noisy_ref - clean_ref) > 1e-3  # the two streams really differ
+
+
+def test_no_sft_weights_are_one_over_uniform_t():
+    w = mars.no_sft_weights(20000, torch.Generator().manual_seed(0))
+    t = 1 / w
+    assert w.shape == (20000,) and t.min() >= 1e-3 and t.max() < 1
+    assert abs(t.mean().item() - 0.5) < 0.01  # t ~ U[0.001, 1)
 
 
 def test_ar_loss_counts_response_tokens_only(padded_batch):
@@ -259,6 +271,10 @@ def test_choose_sampling_is_seeded_and_follows_the_distribution():
     freq = torch.bincount(tokens, minlength=4).float() / 20000
     torch.testing.assert_close(freq, logits[0].softmax(-1), atol=0.02, rtol=0)
     torch.testing.assert_close(conf, logits[0].softmax(-1)[tokens])
+    # the temperature changes which token is drawn, never the softmax the confidence is read from
+    hot, hot_conf = mars.choose(logits, temperature=3.0, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(hot_conf, logits[0].softmax(-1)[hot])
+    assert not torch.equal(hot, tokens)
 
 
 def test_choose_unknown_metric_raises():

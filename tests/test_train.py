@@ -59,11 +59,12 @@ def test_stage_ar_then_mars(tmp_path):
                     "--ar_weight", "0.5", "--out_dir", d])
     assert proc.returncode == 0, proc.stderr
     ckpt = assert_checkpoint(d / "mars.pt", "mars")
-    assert ckpt["mars"] == {"B": 3, "ar_weight": 0.5}
+    assert ckpt["mars"] == {"B": 3, "ar_weight": 0.5, "no_sft": False, "block_offset": "fixed"}
     log = json.loads((d / "mars_log.json").read_text())
     assert {"loss", "noisy", "clean"} <= log[0].keys()
     for r in log:
         assert abs(r["loss"] - (r["noisy"] + 0.5 * r["clean"])) < 1e-4
+    assert "val_loss" in log[-1]
     for stage in ("ar", "mars"):
         assert (d / f"{stage}_log.json").exists() and (d / f"{stage}_loss.png").exists()
     # stage 2 starts from the stage-1 weights: its first clean (AR) loss is the end of stage 1's
@@ -203,3 +204,48 @@ def test_own_jsonl_data_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr
     ckpt = assert_checkpoint(d / "mars.pt", "mars")
     assert ckpt["train_config"]["data"] == str(path)
+
+
+def test_control_and_ablation_stages(tmp_path):
+    """--stage control continues stage 1 with the AR loss alone, on stage 2's schedule;
+    --no_sft is the paper's ablation (no clean loss, noisy loss weighted 1/t);
+    --block_offset random shifts the blocks. All start from the same stage-1 checkpoint."""
+    d = tmp_path / "run"
+    assert run_cli(["train.py", *SHORT, "--stage", "ar", "--out_dir", d]).returncode == 0
+    proc = run_cli(["train.py", *SHORT, "--stage", "control", "--mars_iters", "7", "--out_dir", d])
+    assert proc.returncode == 0, proc.stderr
+    control = assert_checkpoint(d / "control.pt", "control")
+    assert "mars" not in control and control["iter"] == 7
+    log = json.loads((d / "control_log.json").read_text())
+    assert set(log[0]) == {"iter", "lr", "loss"}
+    assert log[0]["loss"] < json.loads((d / "ar_log.json").read_text())[0]["loss"]  # it starts from stage 1
+
+    proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--no_sft", "--block_offset", "random",
+                    "--out_dir", d / "nosft", "--init_from", d / "ar.pt"])
+    assert proc.returncode == 0, proc.stderr
+    ckpt = assert_checkpoint(d / "nosft" / "mars.pt", "mars")
+    assert ckpt["mars"] == {"B": 4, "ar_weight": 0.0, "no_sft": True, "block_offset": "random"}
+    log = json.loads((d / "nosft" / "mars_log.json").read_text())
+    # the loss is the reweighted noisy loss alone: not the plain noisy mean, and no clean part
+    assert any(abs(r["loss"] - r["noisy"]) > 1e-3 for r in log)
+
+
+def test_bf16_autocast_on_cpu_both_stages(tmp_path):
+    """The mixed-precision path runs on any device: a few steps of each stage under bf16 autocast."""
+    proc = run_cli(["train.py", *SHORT, "--ar_iters", "3", "--mars_iters", "3", "--dtype", "bfloat16",
+                    "--summary_limit", "2", "--out_dir", tmp_path])
+    assert proc.returncode == 0, proc.stderr
+    for stage in ("ar", "mars"):
+        ckpt = assert_checkpoint(tmp_path / f"{stage}.pt", stage)
+        assert ckpt["train_config"]["dtype"] == "bfloat16"
+        assert all(v.dtype == torch.float32 for v in ckpt["model"].values())  # autocast keeps fp32 weights
+
+
+def test_gpu_preset_takes_a_step_of_each_stage_on_cpu(tmp_path):
+    """The gpu preset's model (8 x 512) builds and trains without CUDA; a small batch keeps it quick."""
+    proc = run_cli(["train.py", "--preset", "gpu", "--device", "cpu", "--n_train", "2000", "--batch_size", "2",
+                    "--ar_iters", "1", "--mars_iters", "1", "--summary_limit", "1", "--out_dir", tmp_path], timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    ckpt = assert_checkpoint(tmp_path / "mars.pt", "mars")
+    assert ckpt["model_config"]["n_layer"] == 8 and ckpt["model_config"]["n_embd"] == 512
+    assert ckpt["train_config"]["dtype"] == "float32"  # bf16 is the default on CUDA only
