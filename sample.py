@@ -5,13 +5,17 @@
     python sample.py --prompt "Write 42 in words." --threshold 0.8
     python sample.py --chat                   # type prompts; "/tau 0.7" turns the knob
 
-Every decoder is the same loop (`generate`): feed the window [uncached real
-tokens | drafts | B-1 masks] against the KV cache, read B predictions (the
-last real token's, which is the AR prediction, then one per mask), commit a
-prefix of them, roll the cache back to the committed tokens. AR decoding is
-the case B = 1. (B masks give B+1 predictions; like the paper's sampler we
-use the first B, so the B-th mask would only be computed to be ignored: under
-causal attention it cannot change the others, and we leave it out.)
+Every decoder is a short loop around one step (`decode_step`): feed each row's
+window [uncached real tokens | drafts | masks] against the KV cache, read the
+predictions (the last real token's, which is the AR prediction, then one per
+draft and per mask) with their confidences. The loops differ only in what they
+commit and what the cache keeps:
+  slide        AR (B = 1), threshold (mars.accept) or lossless (lossless_commit),
+               uncached or with the sliding cache (masks rolled back every step);
+  fill_blocks  the paper's block-level cache for batches (--cache block).
+With B-1 masks a window gives B predictions. (B masks give B+1; like the
+paper's sampler we use the first B, so the B-th mask would only be computed to
+be ignored: under causal attention it cannot change the others.)
 """
 import argparse
 import json
@@ -80,100 +84,214 @@ CACHE_MODES = ("none", "sliding", "block")
 @dataclass
 class Generation:
     tokens: list  # generated ids, <|endoftext|> included when reached
-    chunks: list = field(default_factory=list)  # what each forward committed
+    chunks: list = field(default_factory=list)  # what each forward committed (to the output)
     forwards: int = 0  # forwards that committed something for this row
+    steps: int = 0  # forwards of the batch while this row was in it, waits and cache writes included:
+    #                 the paper's count (its tokens per forward is tokens / steps at batch 1)
     seconds: float = 0.0  # wall clock of the whole batch
 
 
+@dataclass
+class Row:
+    """One sequence being decoded."""
+    ids: list  # the real tokens: prompt + everything committed so far
+    cached: int = 0  # leading tokens of ids whose keys/values this row's KV cache holds
+    drafts: list = field(default_factory=list)  # lossless decoding only: unverified tokens fed after ids
+    n_masks: int = 0  # <|mask|> tokens fed after the drafts (B - 1 for MARS; 0 for AR or a tau = 1.0 row)
+
+
+def window(row, mask_id, cached):
+    """What one forward feeds for a row: its uncached real tokens, its drafts, its masks."""
+    return row.ids[cached:] + row.drafts + [mask_id] * row.n_masks
+
+
 @torch.inference_mode()
-def generate(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="sliding", cache_block=16,
-             lossless=False, metric="prob", temperature=0.0, max_accept=None, max_new_tokens=64):
+def decode_step(model, rows, kv, mask_id, *, temperature=0.0, metric="prob", generator=None):
+    """One decoding forward for a batch of rows.
+
+    kv: a model.KVCache whose row i belongs to rows[i], or None (no cache: the window starts at position 0).
+    Row i's window is ids[cached:] + drafts + [mask_id] * n_masks, right-padded; its positions continue from
+    `cached`. The cache is rolled back to each row's `cached` before the forward; after it, the cache holds the
+    whole window, and the caller rolls back (kv.rollback) to what it keeps.
+    Returns (tokens, conf), (len(rows), n_read) tensors, n_read = max over rows of 1 + len(drafts) + n_masks:
+    column 0 is the prediction after the last real token (the AR prediction), then one after each draft, then
+    one after each mask; a row's conf is 0 beyond its own reads, so mars.accept stops there."""
+    device = model.wte.weight.device
+    start = [0 if kv is None else r.cached for r in rows]
+    windows = [window(r, mask_id, s) for r, s in zip(rows, start)]
+    width = max(map(len, windows))
+    ids = torch.tensor([w + [mask_id] * (width - len(w)) for w in windows], device=device)
+    cols = torch.arange(width, device=device)
+    positions = torch.tensor(start, device=device)[:, None] + cols
+    # reads: from the last real token (column u - 1) to the end of the row's own window
+    n_reads = [1 + len(r.drafts) + r.n_masks for r in rows]
+    u = torch.tensor([len(r.ids) - s for r, s in zip(rows, start)], device=device)[:, None]
+    reads = torch.tensor(n_reads, device=device)[:, None]
+    if kv is not None:
+        kv.rollback(start)
+    flat = model(ids, positions=positions, cache=kv, logits_at=(cols >= u - 1) & (cols < u - 1 + reads))
+    own = torch.arange(max(n_reads), device=device) < reads  # (rows, n_read): the row's reads, then padding
+    logits = flat.new_zeros(len(rows), max(n_reads), flat.shape[-1])
+    logits[own] = flat  # row-major order on both sides
+    tokens, conf = mars.choose(logits, temperature, metric, generator)
+    return tokens, conf * own
+
+
+@torch.inference_mode()
+def generate(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="sliding", cache_block=16, lossless=False,
+             metric="prob", temperature=0.0, max_accept=None, max_new_tokens=64, trace=None):
     """Decode a batch of prompts (lists of ids). Returns one Generation per prompt.
 
     B: predictions per forward (1 = plain AR decoding).
     tau: threshold, a number or one per prompt (mars.accept).
-    cache: none (full forward each step; the reference), sliding (cache the
-        committed prefix, roll the mask entries back after each step) or block
-        (the paper's block-level cache for batches: the prefix is cached once
-        per `cache_block` committed tokens, when every row has filled its
-        block; rows that have filled it wait). All three commit the same tokens.
+    cache: none (full forward each step; the reference), sliding (cache the committed
+        prefix, roll the masks back after each step) or block (the paper's block-level
+        cache, `cache_block` positions per block: see `fill_blocks`).
     lossless: commit only tokens equal to the AR argmax (see `lossless_commit`).
-    """
+    trace: a list; every forward appends one dict per row: step, row (prompt index),
+        fed (the window's ids), tokens and conf (the row's predictions), committed,
+        cache_before and cache_after (tokens in the row's cache around the step)."""
     if cache not in CACHE_MODES:
         raise ValueError(f"cache must be one of {CACHE_MODES}")
     if lossless and (cache == "block" or temperature > 0):
         raise ValueError("lossless decoding is greedy, with cache none or sliding")
-    if not prompts:
-        return []
-    device = model.wte.weight.device
     max_seq = model.config.max_seq_len
     for p in prompts:
         if len(p) >= max_seq:
             raise ValueError(f"prompt of {len(p)} tokens does not fit the model's context of {max_seq}")
-    seqs = [list(p) for p in prompts]
-    out = [Generation(tokens=[]) for _ in prompts]
-    n_read = 2 * B - 1 if lossless else B  # lossless reads up to B-1 drafts, then B predictions
-    drafts = [[] for _ in prompts]
-    active = list(range(len(prompts)))
-    taus = torch.as_tensor(tau, dtype=torch.float32, device=device).expand(len(prompts))
-    kv = None if cache == "none" else model.new_cache(len(prompts), max_seq + max(map(len, prompts)) + cache_block + 2 * B)
-    cached = [0] * len(prompts)  # tokens of each row in the KV cache
-    step, t0 = 0, time.time()
-    while active:
-        pre = [len(seqs[r]) for r in active]
-        # block cache: extend only when every row has filled its block (and at the prefill);
-        # until then a row that has filled it waits (commits nothing), so every row commits
-        # exactly what the sliding cache would, only the caching differs
-        filled = [n - cached[r] >= cache_block for n, r in zip(pre, active)]
-        extend = cache != "block" or step == 0 or all(filled)
-        budget = [0 if f and not extend else min(max_new_tokens - len(out[r].tokens), max_seq - n)
-                  for f, n, r in zip(filled, pre, active)]
+    if not prompts:
+        return []
+    t0 = time.time()
+    kv = None if cache == "none" else model.new_cache(len(prompts), max_seq + cache_block + 2 * B)
+    batch = Batch(model, prompts, eot_id, mask_id, kv, max_new_tokens, trace, temperature, metric)
+    taus = torch.as_tensor(tau, dtype=torch.float32, device=model.wte.weight.device).expand(len(prompts))
+    if cache == "block":
+        fill_blocks(batch, B, taus, cache_block, max_accept)
+    else:
+        slide(batch, B, taus, lossless, max_accept)
+    for g in batch.out:
+        g.seconds = time.time() - t0
+    return batch.out
 
-        # the window: [uncached real tokens | drafts | masks], right-padded with masks
-        start = [0 if kv is None else cached[r] for r in active]
-        uncached = [seqs[r][s:] + drafts[r] for r, s in zip(active, start)]
-        u = torch.tensor([n - s for n, s in zip(pre, start)], device=device)[:, None]
-        width = max(len(w) - len(drafts[r]) for w, r in zip(uncached, active)) + n_read - 1
-        ids = torch.tensor([w + [mask_id] * (width - len(w)) for w in uncached], device=device)
-        cols = torch.arange(width, device=device)
-        positions = (torch.tensor(start, device=device)[:, None] + cols).clamp(max=max_seq - 1)
-        read = (cols >= u - 1) & (cols < u - 1 + n_read)
-        if kv is not None:
-            kv.rollback(start)
-        logits = model(ids, positions=positions, cache=kv, logits_at=read).view(len(active), n_read, -1)
-        step += 1
 
-        tokens, conf = mars.choose(logits, temperature, metric)
+def slide(batch, B, taus, lossless, max_accept):
+    """AR (B = 1), threshold and lossless decoding, uncached or with the sliding cache: each
+    forward feeds [uncached real tokens | drafts | B-1 masks] and commits what the rule accepts;
+    the cache then keeps the real tokens it was fed and drops the rest."""
+    for r in batch.rows:
+        r.n_masks = B - 1
+    while batch.rows:
+        tokens, conf = batch.forward()
         if lossless:
-            proposals, drafts_next = lossless_commit(tokens.tolist(), [drafts[r] for r in active], B)
+            new, drafts = lossless_commit(tokens.tolist(), [r.drafts for r in batch.rows], B)
         else:
-            n = mars.accept(conf, taus[active], max_accept)
-            rows = torch.cat([n[:, None], tokens], dim=1).tolist()  # one host transfer per step
-            proposals, drafts_next = [row[1:1 + row[0]] for row in rows], [[] for _ in active]
+            n = mars.accept(conf, taus[batch.index], max_accept)
+            new = [t[1:1 + t[0]] for t in torch.cat([n[:, None], tokens], dim=1).tolist()]  # one host transfer
+            drafts = [[] for _ in new]
+        for k, r in enumerate(batch.rows):
+            kept = batch.commit(k, new[k])
+            r.drafts = drafts[k] if kept == new[k] else []
+            r.cached = len(r.ids) - (1 if lossless else len(kept))  # lossless fed its accepted drafts too
+        batch.settle(drop=True)
 
-        still = []
-        for i, r in enumerate(active):
-            new = proposals[i][:max(budget[i], 0)]
-            if eot_id in new:
-                new = new[:new.index(eot_id) + 1]
-            if new:
-                seqs[r] += new
-                out[r].tokens += new
-                out[r].chunks.append(new)
-                out[r].forwards += 1
-            drafts[r] = drafts_next[i] if new == proposals[i] else []
-            if extend:  # keep the committed part of the window: real tokens and accepted drafts
-                cached[r] = pre[i] + (max(len(new) - 1, 0) if lossless else 0)
-            finished = eot_id in new or len(out[r].tokens) >= max_new_tokens or len(seqs[r]) >= max_seq
-            if not finished:
-                still.append(i)
-        if kv is not None and len(still) < len(active):
-            kv.keep_rows(still)
-        active = [active[i] for i in still]
-    seconds = time.time() - t0
-    for g in out:
-        g.seconds = seconds
-    return out
+
+def fill_blocks(batch, B, taus, cache_block, max_accept):
+    """The paper's block-level KV cache (the official MARSBlockCachedSampler).
+
+    Per block of `cache_block` positions: the cache holds the prefix, frozen; each inner
+    forward feeds the whole block (its tokens committed so far, then masks up to the block's
+    end) and commits left to right among the masks with the threshold, never past the block's
+    end. A filled row waits for the others (it is fed, commits nothing). Then one more forward
+    writes the block into the cache, and it counts, as does the first, which writes the prompt.
+    A block is filled to its end even past <|endoftext|> (the output stops there), and the last
+    block is written too. B = 1 (AR) feeds no masks."""
+    while True:
+        # write every committed token but the last, which opens the next block's windows
+        for r in batch.rows:
+            r.n_masks = 0
+        batch.forward()
+        for r in batch.rows:
+            r.cached = len(r.ids) - 1
+        batch.settle(drop=True)
+        if not batch.rows:
+            return
+        ends = [len(r.ids) + min(cache_block, batch.left[i]) for r, i in zip(batch.rows, batch.index)]
+        while any(len(r.ids) < e for r, e in zip(batch.rows, ends)):
+            for r, e in zip(batch.rows, ends):
+                r.n_masks = max(e - len(r.ids) - 1, 0) if B > 1 else 0
+            tokens, conf = batch.forward()
+            n = mars.accept(conf, taus[batch.index], max_accept)
+            for k, row in enumerate(torch.cat([n[:, None], tokens], dim=1).tolist()):
+                if len(batch.rows[k].ids) < ends[k]:
+                    batch.commit(k, row[1:1 + row[0]], past_eot=True)
+            batch.settle(drop=False)
+
+
+class Batch:
+    """The rows decoded together. Row k (of `rows` and of the KV cache) decodes prompt
+    index[k]; finished rows leave (kv.keep_rows). Holds the outputs and the trace."""
+
+    def __init__(self, model, prompts, eot_id, mask_id, kv, max_new_tokens, trace, temperature, metric):
+        self.model, self.eot_id, self.mask_id, self.kv, self.trace = model, eot_id, mask_id, kv, trace
+        self.choose = dict(temperature=temperature, metric=metric)
+        self.rows = [Row(list(p)) for p in prompts]
+        self.index = list(range(len(prompts)))
+        self.out = [Generation(tokens=[]) for _ in prompts]
+        # tokens each row may still commit: its share of max_new_tokens and of the context
+        self.left = [min(max_new_tokens, model.config.max_seq_len - len(p)) for p in prompts]
+        self.n_forwards, self.log = 0, []
+
+    def forward(self):
+        """decode_step for every row; each row takes part in it (the paper counts it for all)."""
+        if self.trace is not None:
+            before = [r.cached if self.kv is not None else 0 for r in self.rows]
+            self.log = [dict(step=self.n_forwards, row=i, fed=window(r, self.mask_id, c), committed=[],
+                             cache_before=c) for i, r, c in zip(self.index, self.rows, before)]
+        tokens, conf = decode_step(self.model, self.rows, self.kv, self.mask_id, **self.choose)
+        self.n_forwards += 1
+        for i in self.index:
+            self.out[i].steps += 1
+        if self.log:  # only when tracing: the lists cost a transfer from the device
+            for e, r, t, c in zip(self.log, self.rows, tokens.tolist(), conf.tolist()):
+                n = 1 + len(r.drafts) + r.n_masks
+                e.update(tokens=t[:n], conf=c[:n])
+        return tokens, conf
+
+    def commit(self, k, new, past_eot=False):
+        """Append new tokens to row k, at most what its budget leaves, cut after <|endoftext|>
+        unless past_eot (the block cache fills its block). The output stops at <|endoftext|>."""
+        i, r, g = self.index[k], self.rows[k], self.out[self.index[k]]
+        new = new[:self.left[i]]
+        if self.eot_id in new and not past_eot:
+            new = new[:new.index(self.eot_id) + 1]
+        self.left[i] -= len(new)
+        r.ids += new
+        shown = [] if g.tokens[-1:] == [self.eot_id] else new
+        if self.eot_id in shown:
+            shown = shown[:shown.index(self.eot_id) + 1]
+        if shown:
+            g.tokens += shown
+            g.chunks.append(shown)
+            g.forwards += 1
+        if self.log:
+            self.log[k]["committed"] = new
+        return new
+
+    def settle(self, drop):
+        """Roll the cache back to what each row keeps; with drop, finished rows leave."""
+        if self.kv is not None:
+            self.kv.rollback([r.cached for r in self.rows])
+        for e, r in zip(self.log, self.rows):
+            e["cache_after"] = r.cached if self.kv is not None else 0
+            self.trace.append(e)
+        self.log = []
+        if not drop:
+            return
+        still = [k for k, i in enumerate(self.index) if self.left[i] > 0 and self.out[i].tokens[-1:] != [self.eot_id]]
+        if len(still) < len(self.rows):
+            if self.kv is not None:
+                self.kv.keep_rows(still)
+            self.rows, self.index = [self.rows[k] for k in still], [self.index[k] for k in still]
 
 
 def lossless_commit(tokens, drafts, B):
@@ -225,8 +343,8 @@ def get_args(argv=None):
     p.add_argument("--block_size", type=int, default=None, help="B, predictions per forward (default: the checkpoint's)")
     p.add_argument("--max_accept", type=int, default=None, help="commit at most this many tokens per forward")
     p.add_argument("--cache", choices=CACHE_MODES, default="sliding",
-                   help="KV cache: sliding (default, fastest), block (the paper's, for batches), none (reference)")
-    p.add_argument("--cache_block", type=int, default=16, help="tokens per block of the block cache (default 16)")
+                   help="KV cache: sliding (default, fastest), block (the paper's block-level cache), none (reference)")
+    p.add_argument("--cache_block", type=int, default=16, help="the paper's B_cache: positions per block of --cache block (default 16)")
     p.add_argument("--batch_size", type=int, default=1, help="prompts decoded together (default 1)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (Gumbel-max)")
     p.add_argument("--max_new_tokens", type=int, default=64, help="stop after this many tokens (default 64)")
@@ -246,21 +364,28 @@ def get_args(argv=None):
     return args
 
 
-def show(tok, text_prompt, g, as_json, colour):
-    n = len(g.tokens)
-    stats = dict(tokens=n, forwards=g.forwards, tokens_per_forward=n / max(g.forwards, 1),
+def show(tok, example, g, as_json, colour):
+    """One answer: the text, split into what each forward committed, and the statistics;
+    for a held-out prompt (its answer known) whether it is right, and if not, what was expected."""
+    n, text = len(g.tokens), tok.decode([t for t in g.tokens if t != tok.eot])
+    correct = data.check(example, text) if "answer" in example else None
+    # forwards as the paper counts them: every forward the row took part in (the block cache's waits and writes too)
+    stats = dict(tokens=n, forwards=g.steps, tokens_per_forward=n / max(g.steps, 1),
                  seconds=g.seconds, tokens_per_second=n / max(g.seconds, 1e-9))
     if as_json:
-        text = tok.decode([t for t in g.tokens if t != tok.eot])
-        print(json.dumps({"prompt": text_prompt, "text": text, **stats, "chunks": [tok.decode(c) for c in g.chunks]}))
-        return
+        known = {} if correct is None else {"correct": correct}
+        print(json.dumps({"prompt": example["prompt"], "text": text, **stats, **known,
+                          "chunks": [tok.decode(c) for c in g.chunks]}))
+        return correct
     pieces = [tok.decode(c).replace("<|endoftext|>", "") for c in g.chunks]
     if colour:  # alternate two colours, one per forward
         body = "".join(f"\033[{33 if i % 2 else 36}m{p}\033[0m" for i, p in enumerate(pieces))
     else:
         body = "|".join(pieces)
-    print(f"> {text_prompt}\n{body}\n  [{n} tokens, {g.forwards} forwards, "
-          f"{stats['tokens_per_forward']:.2f} tokens/forward, {stats['tokens_per_second']:.0f} tokens/s]\n", flush=True)
+    verdict = "" if correct is None else "  right" if correct else f"  wrong, expected: {example['answer']}"
+    print(f"> {example['prompt']}\n{body}\n  [{n} tokens, {g.steps} forwards, {stats['tokens_per_forward']:.2f} "
+          f"tokens/forward, {stats['tokens_per_second']:.0f} tokens/s]{verdict}\n", flush=True)
+    return correct
 
 
 def main(argv=None):
@@ -280,12 +405,14 @@ def main(argv=None):
                   max_new_tokens=args.max_new_tokens)
     colour = sys.stdout.isatty()
 
-    def answer(prompts, tau):
-        for i in range(0, len(prompts), args.batch_size):
-            batch = prompts[i:i + args.batch_size]
-            gens = generate(model, [tok.prompt_ids(p) for p in batch], tok.eot, tok.mask, **{**decode, "tau": tau})
-            for p, g in zip(batch, gens):
-                show(tok, p, g, args.json, colour)
+    def answer(examples, tau):
+        """Decode and show each example ({"prompt"}, with "answer" when known); returns how many came out right."""
+        right = 0
+        for i in range(0, len(examples), args.batch_size):
+            batch = examples[i:i + args.batch_size]
+            gens = generate(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask, **{**decode, "tau": tau})
+            right += sum(bool(show(tok, e, g, args.json, colour)) for e, g in zip(batch, gens))
+        return right
 
     if args.chat:
         tau = args.tau
@@ -301,18 +428,19 @@ def main(argv=None):
                         print(f"error: /tau {e}", file=sys.stderr)
                 elif line:
                     try:
-                        answer([line], tau)
+                        answer([{"prompt": line}], tau)
                     except ValueError as e:  # e.g. a prompt longer than the context: say so, go on
                         print(f"error: {e}", file=sys.stderr)
         except KeyboardInterrupt:
             print(file=sys.stderr)
         return
     if args.prompt:
-        prompts = args.prompt
-    else:
-        cfg = ckpt["train_config"]
-        prompts = [e["prompt"] for e in data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["test"][:args.num_prompts]]
-    answer(prompts, args.tau)
+        answer([{"prompt": p} for p in args.prompt], args.tau)
+        return
+    cfg = ckpt["train_config"]
+    test = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["test"][:args.num_prompts]
+    right = answer(test, args.tau)
+    print(f"{right}/{len(test)} right", file=sys.stderr if args.json else sys.stdout)  # stdout stays JSON lines
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ import torch
 
 import mars
 import sample
-import train
 from conftest import EOT, MASK, random_model, random_prompts
 
 PROMPTS = random_prompts((3, 7, 12, 5, 1))
@@ -69,15 +68,16 @@ def test_ar_batched_and_cached_equals_reference(m, ar_out):
 
 @pytest.mark.parametrize("B", [2, 4, 8])
 def test_caches_agree_and_batch_equals_alone(m, B):
-    """none, sliding and block commit the same tokens, batched or alone: the
-    block cache changes what is cached and when rows wait, never what they commit."""
+    """none and sliding commit the same tokens, batched or alone: the sliding cache
+    changes what is computed, never what is committed. (The paper's block cache
+    commits differently at tau < 1: see test_block_cache_is_the_official_algorithm.)"""
     ref = toks(gen(m, B=B, tau=0.5, cache="none"))
     assert any(len(c) > 1 for g in gen(m, B=B, tau=0.5) for c in g.chunks)  # multi-token steps happen
-    for cache, cb in (("none", 16), ("sliding", 16), ("block", 3), ("block", 8), ("block", N + 8)):
-        batched = gen(m, B=B, tau=0.5, cache=cache, cache_block=cb)
+    for cache in ("none", "sliding"):
+        batched = gen(m, B=B, tau=0.5, cache=cache)
         check_accounting(batched)
-        assert toks(batched) == ref, (cache, cb)
-        assert [gen(m, [p], B=B, tau=0.5, cache=cache, cache_block=cb)[0].tokens for p in PROMPTS] == ref, (cache, cb)
+        assert toks(batched) == ref, cache
+        assert [gen(m, [p], B=B, tau=0.5, cache=cache)[0].tokens for p in PROMPTS] == ref, cache
 
 
 def window_predictions(m, prefix, B):
@@ -88,20 +88,6 @@ def window_predictions(m, prefix, B):
     return tokens.tolist(), mars.accept(conf[None], 0.5).item()
 
 
-@pytest.mark.parametrize("B,cb", [(4, 3), (4, 8), (8, 3)])
-def test_block_cache_chunks_match_uncached_windows(m, B, cb):
-    """Every chunk the block cache commits is exactly what tau accepts from an
-    uncached forward of the same window (cut only by <|endoftext|> or the length limit)."""
-    gens = gen(m, B=B, tau=0.5, cache="block", cache_block=cb)
-    for p, g in zip(PROMPTS, gens):
-        prefix = list(p)
-        for chunk in g.chunks:
-            tokens, n = window_predictions(m, prefix, B)
-            assert chunk == tokens[:len(chunk)]
-            assert len(chunk) == n or EOT in chunk or len(prefix) + len(chunk) - len(p) == N
-            prefix += chunk
-
-
 def test_sliding_chunks_match_uncached_windows(m):
     for p, g in zip(PROMPTS, gen(m, B=4, tau=0.5)):
         prefix = list(p)
@@ -110,6 +96,122 @@ def test_sliding_chunks_match_uncached_windows(m):
             assert chunk == tokens[:len(chunk)]
             assert len(chunk) == n or EOT in chunk or len(prefix) + len(chunk) - len(p) == N
             prefix += chunk
+
+
+# ---------------------------------------------------------------------------
+# The paper's block cache, against an uncached re-implementation of the official
+# algorithm (MARSBlockCachedSampler), written here independently of sample.py
+
+def official_block_cache(m, prompt, tau, cache_block, max_new_tokens, eot=EOT, mask=MASK):
+    """Per block of cache_block positions: until it is full, feed [everything so far |
+    masks to the block's end] and commit the first prediction, then the next ones while
+    their probability >= tau; never past the block's end, and past <|endoftext|> too (the
+    output stops there). Returns (chunks as the output shows them, inner forwards per block)."""
+    ids, chunks, inner = list(prompt), [], []
+    max_new_tokens = min(max_new_tokens, m.config.max_seq_len - len(prompt))  # and the context
+    while True:
+        end = len(ids) + min(cache_block, len(prompt) + max_new_tokens - len(ids))
+        inner.append(0)
+        while len(ids) < end:
+            x = torch.tensor([ids + [mask] * (end - len(ids) - 1)])
+            conf, tokens = m(x)[0, len(ids) - 1:].float().softmax(-1).max(-1)
+            n = 1
+            while n < len(tokens) and conf[n] >= tau:
+                n += 1
+            shown = sum(chunks, [])
+            if eot not in shown:
+                new = tokens[:n].tolist()
+                chunks.append(new[:new.index(eot) + 1] if eot in new else new)
+            ids += tokens[:n].tolist()
+            inner[-1] += 1
+        if eot in ids[len(prompt):] or len(ids) - len(prompt) == max_new_tokens:
+            return chunks, inner
+
+
+def official_forwards(inner):
+    """The official count for each row of a batch: the prompt's forward, then per block the
+    inner forwards of its slowest row plus the one that writes the block into the cache."""
+    total, out = 1, [0] * len(inner)
+    for k in range(max(map(len, inner))):
+        total += 1 + max(c[k] for c in inner if len(c) > k)
+        out = [total if len(c) == k + 1 else o for c, o in zip(inner, out)]
+    return out
+
+
+def check_block_cache(model, prompts, tau, cache_block, eot, mask, max_new_tokens=N):
+    ref = [official_block_cache(model, p, tau, cache_block, max_new_tokens, eot, mask) for p in prompts]
+    for batch_size in (1, 4, 16):
+        for i in range(0, len(prompts), batch_size):
+            batch = prompts[i:i + batch_size]
+            gens = sample.generate(model, batch, eot, mask, B=4, tau=tau, cache="block", cache_block=cache_block,
+                                   max_new_tokens=max_new_tokens)
+            assert [g.chunks for g in gens] == [c for c, _ in ref[i:i + batch_size]], (batch_size, i)
+            assert [g.steps for g in gens] == official_forwards([n for _, n in ref[i:i + batch_size]])
+    return [c for c, _ in ref]
+
+
+@pytest.mark.parametrize("cache_block", [3, 8, N + 8])
+def test_block_cache_is_the_official_algorithm(m, cache_block):
+    prompts = random_prompts([1 + (5 * i) % 13 for i in range(16)], seed=4)
+    chunks = check_block_cache(m, prompts, 0.5, cache_block, EOT, MASK)
+    assert any(len(c) > 1 for cs in chunks for c in cs)  # multi-token steps happen
+    sliding = [g.chunks for g in gen(m, prompts, B=4, tau=0.5)]
+    assert sliding != chunks  # the paper's block cache is a different decoder at tau < 1
+
+
+def test_decode_step_ragged_rows_join_and_leave(m):
+    """decode_step against an uncached forward of each row alone, as rows of different
+    lengths, drafts and masks share a cache, join it (add_rows) and leave it (keep_rows)."""
+    def check(rows, kv):
+        tokens, conf = sample.decode_step(m, rows, kv, MASK)
+        assert tokens.shape == conf.shape == (len(rows), max(1 + len(r.drafts) + r.n_masks for r in rows))
+        for r, t, c in zip(rows, tokens, conf):
+            n = 1 + len(r.drafts) + r.n_masks
+            ref_t, ref_c = mars.choose(m(torch.tensor([r.ids + r.drafts + [MASK] * r.n_masks]))[0, len(r.ids) - 1:])
+            assert t[:n].tolist() == ref_t.tolist()
+            torch.testing.assert_close(c[:n], ref_c)
+            assert not c[n:].any()  # nothing beyond the row's own reads
+        kv.rollback([r.cached for r in rows])
+
+    kv = m.new_cache(2, 64)
+    rows = [sample.Row(list(PROMPTS[1]), n_masks=3), sample.Row(list(PROMPTS[2]))]
+    check(rows, kv)
+    rows[0].cached, rows[1].cached = 5, len(PROMPTS[2])
+    rows[1].ids += [4, 9]
+    rows[1].drafts, rows[1].n_masks = [11, 3], 2
+    kv.add_rows(1)
+    rows.append(sample.Row(list(PROMPTS[0]), n_masks=1))
+    check(rows, kv)
+    kv.keep_rows([1, 2])
+    rows = rows[1:]
+    rows[1].cached = len(rows[1].ids)
+    rows[1].ids += [7]
+    check(rows, kv)
+
+
+@pytest.mark.parametrize("kw", [dict(cache="sliding"), dict(cache="none"), dict(cache="block", cache_block=6)])
+def test_trace(m, kw):
+    """The trace holds, per forward and row, the window fed, the predictions read, what was
+    committed and the cache length around it, consistently with the Generations."""
+    trace = []
+    gens = gen(m, PROMPTS[:3], B=4, tau=0.5, trace=trace, **kw)
+    assert [e["step"] for e in trace] == sorted(e["step"] for e in trace)
+    for i, (p, g) in enumerate(zip(PROMPTS, gens)):
+        rows = [e for e in trace if e["row"] == i]
+        assert len(rows) == g.steps
+        committed = sum((e["committed"] for e in rows), [])
+        assert committed[:len(g.tokens)] == g.tokens
+        ids = list(p)
+        for e in rows:
+            real = [t for t in e["fed"] if t != MASK]
+            assert e["fed"] == ids[e["cache_before"]:] + [MASK] * (len(e["fed"]) - len(real))
+            assert len(e["tokens"]) == len(e["conf"]) == len(e["fed"]) - len(real) + 1
+            assert e["committed"] == e["tokens"][:len(e["committed"])]
+            if kw["cache"] == "none":
+                assert e["cache_before"] == e["cache_after"] == 0
+            elif kw["cache"] == "sliding":  # keep the real tokens fed, drop the masks
+                assert e["cache_after"] == e["cache_before"] + len(real)
+            ids += e["committed"]
 
 
 def test_per_request_tau(m, ar_out):
@@ -265,3 +367,11 @@ def test_trained_checkpoint_lossless_and_tau_one_equal_ar(trained, splits):
     B = ckpt["mars"]["B"]
     assert toks(sample.generate(model, prompts, tok.eot, tok.mask, B=B, tau=1.0)) == ar
     assert [sample.generate(model, [p], tok.eot, tok.mask, B=B, lossless=True)[0].tokens for p in prompts[:4]] == ar[:4]
+
+
+def test_trained_checkpoint_block_cache_is_the_official_algorithm(trained, splits):
+    model, tok, _ = trained
+    prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"][:16]]
+    for cache_block in (4, 16):
+        chunks = check_block_cache(model, prompts, 0.3, cache_block, tok.eot, tok.mask)
+        assert any(len(c) > 1 for cs in chunks for c in cs)

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+import data
 from conftest import assert_one_line_error, run_cli
 
 KEYS = {"prompt", "text", "tokens", "forwards", "tokens_per_forward", "seconds"}
@@ -27,6 +28,29 @@ def test_json_output(tiny_run, splits):
         assert 1 <= r["forwards"] <= r["tokens"]
         assert abs(r["tokens_per_forward"] - r["tokens"] / r["forwards"]) < 1e-9
         assert r["seconds"] >= 0
+
+
+def test_held_out_answers_are_marked_right_or_wrong(tiny_run):
+    proc = sample("--ckpt", tiny_run / "mars.pt", "--num_prompts", "4", "--threshold", "0.5")
+    assert proc.returncode == 0, proc.stderr
+    stats = [line for line in proc.stdout.splitlines() if "tokens/forward" in line]
+    assert len(stats) == 4
+    assert all(line.endswith("]  right") or "]  wrong, expected: " in line for line in stats)
+    right = sum(line.endswith("]  right") for line in stats)
+    assert proc.stdout.rstrip().splitlines()[-1] == f"{right}/4 right"
+
+
+@pytest.mark.parametrize("cache", ["none", "sliding", "block"])
+def test_json_correct_and_chunks_for_every_cache(tiny_run, splits, cache):
+    proc = sample("--ckpt", tiny_run / "mars.pt", "--json", "--num_prompts", "3", "--threshold", "0.5",
+                  "--cache", cache, "--cache_block", "4", "--batch_size", "3")
+    rows = json_lines(proc)
+    assert len(rows) == 3 and proc.stderr.strip().endswith("/3 right")
+    for r, e in zip(rows, splits["test"]):
+        assert r["correct"] == data.check(e, r["text"])
+        assert "".join(r["chunks"]).replace("<|endoftext|>", "") == r["text"]
+    rows = json_lines(sample("--ckpt", tiny_run / "mars.pt", "--json", "--prompt", "Write 5 in words."))
+    assert "correct" not in rows[0]  # no known answer
 
 
 def test_threshold_one_equals_ar(tiny_run):

@@ -1,0 +1,39 @@
+"""The modules form layers and import downwards only (ARCHITECTURE.md):
+model, mars, data at the bottom; sample above them; train, eval, serve on top.
+Read from the source with ast, so a cycle is caught without importing anything."""
+import ast
+
+from conftest import ROOT
+
+BOTTOM = {"model", "mars", "data"}
+# what each module of ours may import; the top ones (train, eval, serve) may use each
+# other, e.g. train's end-of-run summary scores with eval, but never in a circle
+ALLOWED = {
+    "model": set(), "mars": set(), "data": set(),
+    "sample": BOTTOM,
+    "train": BOTTOM | {"sample", "eval", "serve"},
+    "eval": BOTTOM | {"sample", "serve"},  # not train: decoding and scoring need no training code
+    "serve": BOTTOM | {"sample", "eval", "train"},
+}
+
+
+def project_imports(name):
+    tree = ast.parse((ROOT / f"{name}.py").read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found & ALLOWED.keys()
+
+
+def test_imports_point_down():
+    graph = {name: project_imports(name) for name in ALLOWED if (ROOT / f"{name}.py").exists()}
+    for name, imports in graph.items():
+        assert imports <= ALLOWED[name], f"{name}.py imports {sorted(imports - ALLOWED[name])}"
+
+    def reaches(a, b, seen=()):  # is there a path of imports from a to b?
+        return any(n == b or (n not in seen and reaches(n, b, seen + (n,))) for n in graph.get(a, ()))
+    for name in graph:
+        assert not reaches(name, name), f"an import cycle through {name}.py"
