@@ -1,17 +1,29 @@
-"""The paper's tables in miniature: quality, tokens per forward, wall clock.
+"""The paper's tables in miniature: quality with confidence intervals, ablations, wall clock.
 
-    python eval.py                  # out/ar.pt and out/mars.pt -> out/eval.json, out/pareto.png
-    python eval.py --limit 100      # a quick look
+    python eval.py                                  # out/ar.pt, out/mars.pt (+ out/control.pt) -> out/
+    python eval.py --ckpt out/mars.pt out/b8.pt     # a Pareto curve per MARS checkpoint
+    python eval.py --limit 200 --repeats 2          # a quick look
 
-1. Quality on the held-out test set (paper Tables 2 and 4): AR SFT (stage 1,
-   AR decoding), MARS at tau = 1.0, MARS over a threshold sweep, and lossless
-   MARS; exact-answer accuracy and tokens per forward, overall and per family.
-2. The Pareto plot (paper Figure 5): accuracy against tokens per forward.
-3. Wall clock (paper Table 5): AR with KV cache against MARS without cache,
-   with the sliding cache, lossless, and with the block cache in batches; the
-   median of several repeats after a warm-up, on the same prompts.
+Writes eval.json, pareto.png and metrics.png to --out_dir and prints the tables as Markdown.
+
+1. Quality on the held-out test set (paper Tables 2 and 4): AR SFT (stage 1),
+   the control (stage 1 trained further with the AR loss alone, as many steps
+   as stage 2; beyond the paper, used when its checkpoint exists), MARS at
+   tau = 1.0, over a threshold sweep, and lossless. Every accuracy comes with
+   a 95% Wilson interval; MARS at tau = 1.0 is compared with AR SFT and with
+   the control on the same prompts (paired difference, exact McNemar test).
+2. Ablations (paper Table 3, Figures 5 and 7): a threshold sweep per MARS
+   checkpoint, drawn as one Pareto plot (pareto.png), and on the first
+   checkpoint the confidence metrics prob, entropy and margin (metrics.png).
+3. Wall clock (paper Table 5): at each threshold of --speed_thresholds, MARS
+   with the sliding cache and with the paper's block cache, at each batch
+   size, against AR with KV cache (stage 1) at the same batch size; without
+   cache and lossless at batch 1. AR and the decoder alternate batch by batch
+   (AR, X, AR, X, ...), so that a slow spell of the machine hits both; the
+   speedup is the median over repeats of the ratio of their rates [min, max].
 """
 import json
+import math
 import os
 import platform
 import statistics
@@ -20,46 +32,146 @@ import sys
 import torch
 
 import data
+import mars
 from sample import Parser, UserError, generate, load_checkpoint, model_from_checkpoint, run_cli
+
+Z95 = statistics.NormalDist().inv_cdf(0.975)  # 1.96
+
+# The paper's Table 5 (Qwen2.5-7B, one H200, GSM8K, tau = 0.95), for the report.
+PAPER_TABLE5 = ("paper (Qwen2.5-7B, one H200, GSM8K, tau = 0.95): block cache 1.71x at batch 4 (B_cache 32), "
+                "1.60x at batch 8 (B_cache 32), 1.34x at batch 16 (B_cache 16); "
+                "without cache 0.90x / 0.49x / 0.23x at batch 4 / 8 / 16")
+
+# ---------------------------------------------------------------------------
+# Statistics: a 95% interval for an accuracy, and for the difference of two
+# decoders that answered the same prompts.
+
+
+def wilson(k, n, z=Z95):
+    """Wilson score interval for k successes in n trials: unlike p +- z*se it
+    stays inside [0, 1] and does not collapse to a point at 0% or 100%."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return [centre - half, centre + half]
+
+
+def mcnemar_p(b, c):
+    """Exact two-sided McNemar test: b prompts only the first decoder got right,
+    c only the second. Under 'equally accurate' each of the b + c discordant
+    prompts is a fair coin, so the p-value is a binomial tail."""
+    n, k = b + c, min(b, c)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
+def paired(a, b, z=Z95):
+    """Accuracy of a minus accuracy of b (per-prompt 0/1 lists, same prompts):
+    the difference, its 95% (Wald) interval from the discordant pairs, McNemar's p."""
+    n = len(a)
+    a_only = sum(x > y for x, y in zip(a, b))
+    b_only = sum(y > x for x, y in zip(a, b))
+    d = (a_only - b_only) / n
+    se = math.sqrt(max(a_only + b_only - n * d * d, 0)) / n
+    return {"diff": d, "ci": [d - z * se, d + z * se], "p_value": mcnemar_p(a_only, b_only),
+            "a_only": a_only, "b_only": b_only, "n": n}
+
+
+# ---------------------------------------------------------------------------
+# Quality
 
 
 def score(model, tok, examples, batch_size=64, **decode):
-    """Exact-answer accuracy and tokens per forward, overall and per task family.
+    """Exact-answer accuracy (with its 95% interval) and tokens per forward, overall
+    and per task family, and "correct": one 0/1 per example, in order, for pairing.
 
-    `decode` goes to sample.generate (B, tau, cache, lossless, ...)."""
-    per_task = {}
+    `decode` goes to sample.generate (B, tau, cache, lossless, metric, ...)."""
+    correct, tokens, forwards = [], [], []
     for i in range(0, len(examples), batch_size):
         batch = examples[i:i + batch_size]
         gens = generate(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask, **decode)
         for e, g in zip(batch, gens):
-            text = tok.decode([t for t in g.tokens if t != tok.eot])
-            t = per_task.setdefault(e["task"], {"n": 0, "correct": 0, "tokens": 0, "forwards": 0})
-            t["n"] += 1
-            t["correct"] += data.check(e, text)
-            t["tokens"] += len(g.tokens)
-            t["forwards"] += g.forwards
+            correct.append(int(data.check(e, tok.decode([t for t in g.tokens if t != tok.eot]))))
+            tokens.append(len(g.tokens))
+            forwards.append(g.steps)  # every forward the row took part in: the paper's count
 
-    def summarise(t):
-        return {"accuracy": t["correct"] / t["n"], "tokens_per_forward": t["tokens"] / max(t["forwards"], 1), "n": t["n"]}
-    total = {k: sum(t[k] for t in per_task.values()) for k in ("n", "correct", "tokens", "forwards")}
-    return {**summarise(total), "per_task": {k: summarise(v) for k, v in sorted(per_task.items())}}
+    def summarise(rows):
+        k = sum(correct[i] for i in rows)
+        return {"accuracy": k / len(rows), "ci": wilson(k, len(rows)),
+                "tokens_per_forward": sum(tokens[i] for i in rows) / max(sum(forwards[i] for i in rows), 1),
+                "n": len(rows)}
+    families = sorted({e["task"] for e in examples})
+    per_task = {f: summarise([i for i, e in enumerate(examples) if e["task"] == f]) for f in families}
+    return {**summarise(range(len(examples))), "per_task": per_task, "correct": correct}
 
 
-def tokens_per_second(model, tok, prompts, batch_size, repeats, **decode):
-    """(tokens/s, tokens/forward): the median over `repeats` (after one warm-up) of
-    generated tokens / wall seconds, decoding `prompts` in batches of `batch_size`."""
-    ids = [tok.prompt_ids(p) for p in prompts]
-    rates = []
+def label(ckpt):
+    """A MARS checkpoint's name on the plots, from what its recipe changes: "B=4", "B=8, w/o SFT loss"."""
+    m = ckpt["mars"]
+    parts = [f"B={m['B']}"]
+    if m.get("no_sft"):
+        parts.append("w/o SFT loss")
+    elif m.get("ar_weight", 1.0) != 1.0:
+        parts.append(f"ar_weight={m['ar_weight']}")
+    if m.get("block_offset", "fixed") != "fixed":
+        parts.append(f"{m['block_offset']} block offset")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------
+# Wall clock
+
+
+def against_ar(ar, x, prompts, batch_size, repeats):
+    """Wall clock of decoder x against AR, each a (model, tok, decode) triple.
+
+    Batch by batch, AR decodes the prompts and then x decodes the same ones, so
+    both see the same moment of a machine whose speed drifts; one pass over all
+    prompts is a repeat, the first a warm-up. Returns x's row and AR's rates."""
+    ids = [[t.prompt_ids(p) for p in prompts] for _, t, _ in (ar, x)]
+    ar_rates, rates, ratios = [], [], []
     for r in range(repeats + 1):
-        tokens = seconds = forwards = 0
-        for i in range(0, len(ids), batch_size):
-            gens = generate(model, ids[i:i + batch_size], tok.eot, tok.mask, **decode)
-            tokens += sum(len(g.tokens) for g in gens)
-            forwards += sum(g.forwards for g in gens)
-            seconds += gens[0].seconds
+        tokens, forwards, seconds = [0, 0], [0, 0], [0.0, 0.0]
+        for i in range(0, len(prompts), batch_size):
+            for k, (m, t, decode) in enumerate((ar, x)):
+                gens = generate(m, ids[k][i:i + batch_size], t.eot, t.mask, **decode)
+                tokens[k] += sum(len(g.tokens) for g in gens)
+                forwards[k] += sum(g.steps for g in gens)
+                seconds[k] += gens[0].seconds
         if r > 0:
-            rates.append(tokens / seconds)
-    return statistics.median(rates), tokens / forwards
+            ar_rates.append(tokens[0] / seconds[0])
+            rates.append(tokens[1] / seconds[1])
+            ratios.append(rates[-1] / ar_rates[-1])
+    row = {"tokens_per_second": statistics.median(rates), "tokens_per_forward": tokens[1] / forwards[1],
+           "speedup": statistics.median(ratios), "speedup_spread": [min(ratios), max(ratios)]}
+    return row, ar_rates
+
+
+def wall_clock(ar, mars_model, B, prompts, args):
+    """The speed rows, batch size by batch size: AR's row, then each MARS decoder's."""
+    speed = []
+    print(f"wall clock on {len(prompts)} prompts, {args.repeats} repeats per row after a warm-up", file=sys.stderr)
+    for bs in args.batch_sizes:
+        decoders = [(tau, "mars_sliding", dict(cache="sliding"), None) for tau in args.speed_thresholds]
+        decoders += [(tau, "mars_block", dict(cache="block", cache_block=cb), cb)
+                     for tau in args.speed_thresholds for cb in args.cache_blocks]
+        if bs == 1:
+            decoders += [(tau, "mars_nocache", dict(cache="none"), None) for tau in args.speed_thresholds]
+            decoders += [(None, "lossless", dict(lossless=True), None)]
+        ar_rates, rows = [], []
+        for tau, name, decode, cb in decoders:
+            r, a = against_ar((*ar, dict(B=1)), (*mars_model, dict(B=B, tau=tau or 1.0, **decode)),
+                              prompts, bs, args.repeats)
+            ar_rates += a
+            rows.append({"decoder": name, "batch_size": bs, "threshold": tau, "cache_block": cb, **r})
+            print(f"  {name:12s} batch {bs:2d} tau {tau} cache_block {cb}: {r['tokens_per_second']:7.1f} tokens/s, "
+                  f"{r['tokens_per_forward']:.2f} tokens/forward, {r['speedup']:.2f}x AR "
+                  f"[{r['speedup_spread'][0]:.2f}, {r['speedup_spread'][1]:.2f}]", file=sys.stderr, flush=True)
+        # AR's own row: its spread is its rates' range over their median, the noise every ratio above sits in
+        med = statistics.median(ar_rates)
+        speed += [{"decoder": "ar", "batch_size": bs, "threshold": None, "cache_block": None, "tokens_per_second": med,
+                   "tokens_per_forward": 1.0, "speedup": 1.0,
+                   "speedup_spread": [min(ar_rates) / med, max(ar_rates) / med]}] + rows
+    return speed
 
 
 def machine():
@@ -67,25 +179,61 @@ def machine():
     if os.path.exists("/proc/cpuinfo"):
         names = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")]
         cpu = names[0] if names else cpu
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    load = f", load {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads{load}"
+
+
+# ---------------------------------------------------------------------------
+
+
+def summary(out_dir, test, device):
+    """train.py's closing check: held-out accuracy of stage 1 and of MARS at tau = 1.0 and 0.9
+    -> <out_dir>/summary.json (the full tables are this file's main)."""
+    if not test:
+        return print("no held-out test examples in this data: skipping the summary")
+
+    def load(name):
+        return model_from_checkpoint(load_checkpoint(os.path.join(out_dir, name), device), device)
+    (ar, tok), (model, mtok) = load("ar.pt"), load("mars.pt")
+    B = load_checkpoint(os.path.join(out_dir, "mars.pt"))["mars"]["B"]
+    rows = [("stage 1 (AR SFT)", None, score(ar, tok, test, B=1))]
+    rows += [(f"MARS tau={tau}", tau, score(model, mtok, test, B=B, tau=tau)) for tau in (1.0, 0.9)]
+    print(f"\nheld-out test set ({len(test)} prompts)\n| model | accuracy (95% CI) | tokens/forward |\n|---|---|---|")
+    for name, _, r in rows:
+        lo, hi = r["ci"]
+        print(f"| {name} | {100 * r['accuracy']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f}) | {r['tokens_per_forward']:.2f} |")
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump([{"model": n, "threshold": t, **{k: v for k, v in r.items() if k != "correct"}} for n, t, r in rows],
+                  f, indent=1)
 
 
 def get_args(argv=None):
     p = Parser(__doc__)
     p.add_argument("--ar_ckpt", default="out/ar.pt", help="stage-1 (AR SFT) checkpoint (default out/ar.pt)")
-    p.add_argument("--ckpt", default="out/mars.pt", help="MARS checkpoint (default out/mars.pt)")
-    p.add_argument("--out_dir", default="out", help="where eval.json and pareto.png go (default out)")
+    p.add_argument("--ckpt", nargs="+", default=["out/mars.pt"],
+                   help="MARS checkpoints (default out/mars.pt): the first gets every table; each gets a threshold "
+                        "sweep and a curve on pareto.png, labelled from its recipe (B, w/o SFT loss, ...)")
+    p.add_argument("--control_ckpt", default=None,
+                   help="the control: stage 1 trained further with AR loss alone (python train.py --stage control); "
+                        "default control.pt beside --ar_ckpt, skipped when that file does not exist")
+    p.add_argument("--out_dir", default="out", help="where eval.json, pareto.png and metrics.png go (default out)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N held-out prompts (default all)")
     p.add_argument("--thresholds", type=float, nargs="+", default=[0.99, 0.98, 0.95, 0.9, 0.8, 0.7, 0.5],
-                   help="the tau sweep of the quality table (tau = 1.0 is always included)")
-    p.add_argument("--speed_threshold", type=float, default=0.9, help="tau of the wall-clock table (default 0.9)")
-    p.add_argument("--speed_prompts", type=int, default=32, help="held-out prompts timed per row (default 32)")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per row, after a warm-up; the median is reported")
-    p.add_argument("--batch_sizes", type=int, nargs="+", default=[4, 16], help="batch sizes of the batched rows")
-    p.add_argument("--cache_blocks", type=int, nargs="+", default=[8, 16, 32], help="block-cache sizes to time")
+                   help="the tau sweep of the quality tables, for every checkpoint and metric "
+                        "(default 0.99 0.98 0.95 0.9 0.8 0.7 0.5; 1.0 is always included)")
+    p.add_argument("--speed_thresholds", type=float, nargs="+", default=[0.95, 0.9],
+                   help="tau of the wall-clock rows (default 0.95, the paper's, and 0.9)")
+    p.add_argument("--speed_prompts", type=int, default=32, help="held-out prompts decoded per timed repeat (default 32)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed passes over the speed prompts per wall-clock row, after a warm-up pass; "
+                        "the median speedup is reported (default 3)")
+    p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 4, 16],
+                   help="batch sizes of the wall-clock rows (default 1 4 16); no-cache and lossless rows need 1")
+    p.add_argument("--cache_blocks", type=int, nargs="+", default=[4, 8, 16, 32],
+                   help="B_cache values of the block-cache rows (default 4 8 16 32)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
     args = p.parse_args(argv)
-    if any(not 0 < t <= 1 for t in args.thresholds + [args.speed_threshold]):
+    if any(not 0 < t <= 1 for t in args.thresholds + args.speed_thresholds):
         p.error("thresholds must be in (0, 1]")
     if min([args.speed_prompts, args.repeats] + args.batch_sizes + args.cache_blocks + [args.limit or 1]) < 1:
         p.error("--limit, --speed_prompts, --repeats, --batch_sizes and --cache_blocks must be at least 1")
@@ -95,101 +243,158 @@ def get_args(argv=None):
 
 def main(argv=None):
     args = get_args(argv)
-    ar_ckpt, mars_ckpt = load_checkpoint(args.ar_ckpt, args.device), load_checkpoint(args.ckpt, args.device)
-    if "mars" not in mars_ckpt:
-        raise UserError(f"{args.ckpt} is not a MARS checkpoint")
-    ar_model, tok = model_from_checkpoint(ar_ckpt, args.device)
-    model, mtok = model_from_checkpoint(mars_ckpt, args.device)
-    ar_model.eval(), model.eval()
-    B = mars_ckpt["mars"]["B"]
-    cfg = mars_ckpt["train_config"]
+    control_path = args.control_ckpt or os.path.join(os.path.dirname(args.ar_ckpt), "control.pt")
+    if args.control_ckpt is None and not os.path.isfile(control_path):
+        control_path = None  # the default control is optional; one asked for by name must exist
+    ckpts = [load_checkpoint(path, args.device) for path in args.ckpt]
+    for path, ckpt in zip(args.ckpt, ckpts):
+        if "mars" not in ckpt:
+            raise UserError(f"{path} is not a MARS checkpoint")
+    ar_model, ar_tok = model_from_checkpoint(load_checkpoint(args.ar_ckpt, args.device), args.device)
+    control = None
+    if control_path:
+        control_ckpt = load_checkpoint(control_path, args.device)
+        if "mars" in control_ckpt:
+            raise UserError(f"{control_path} is a MARS checkpoint; the control is trained with the AR loss alone")
+        control = model_from_checkpoint(control_ckpt, args.device)
+    models = [model_from_checkpoint(c, args.device) for c in ckpts]
+    for m, _ in models + [(ar_model, ar_tok)] + ([control] if control else []):
+        m.eval()
+    model, tok = models[0]
+    B = ckpts[0]["mars"]["B"]
+    cfg = ckpts[0]["train_config"]
     test = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["test"][:args.limit]
+    taus = [1.0] + sorted(set(args.thresholds) - {1.0}, reverse=True)
     os.makedirs(args.out_dir, exist_ok=True)
 
-    # 1. quality
-    quality = []
-
-    def add_quality(decoder, threshold, m, t, **decode):
+    # 1. quality of the first MARS checkpoint against AR SFT and the control
+    def row(decoder, threshold, m, t, **decode):
         r = score(m, t, test, **decode)
-        quality.append({"decoder": decoder, "threshold": threshold, **r})
-        print(f"  {decoder:9s} tau={threshold}: accuracy {100 * r['accuracy']:.1f}%, "
-              f"{r['tokens_per_forward']:.2f} tokens/forward", file=sys.stderr, flush=True)
+        lo, hi = r["ci"]
+        name = decoder + (f" ({decode['metric']})" if "metric" in decode else "")
+        print(f"  {name:15s} tau={threshold or '-'}: accuracy {100 * r['accuracy']:.1f}% "
+              f"[{100 * lo:.1f}, {100 * hi:.1f}], {r['tokens_per_forward']:.2f} tokens/forward",
+              file=sys.stderr, flush=True)
+        return {"decoder": decoder, "threshold": threshold, **r}
 
     print(f"quality on {len(test)} held-out prompts (B = {B})", file=sys.stderr)
-    add_quality("ar", None, ar_model, tok, B=1)
-    for tau in [1.0] + sorted(set(args.thresholds) - {1.0}, reverse=True):
-        add_quality("mars", tau, model, mtok, B=B, tau=tau)
-    add_quality("lossless", None, model, mtok, B=B, lossless=True)
+    quality = [row("ar", None, ar_model, ar_tok, B=1)]
+    if control:
+        quality.append(row("control", None, *control, B=1))
+    sweep = [row("mars", tau, model, tok, B=B, tau=tau) for tau in taus]
+    quality += sweep + [row("lossless", None, model, tok, B=B, lossless=True)]
+    correct = {(q["decoder"], q["threshold"]): q["correct"] for q in quality}
+    mars1 = correct[("mars", 1.0)]
+    paired_rows = [{"a": "MARS tau=1.0", "b": "AR SFT", **paired(mars1, correct[("ar", None)])}]
+    if control:
+        paired_rows.append({"a": "MARS tau=1.0", "b": "control", **paired(mars1, correct[("control", None)])})
+    paired_rows += [{"a": f"MARS tau={tau}", "b": "MARS tau=1.0", **paired(correct[("mars", tau)], mars1)}
+                    for tau in taus[1:]]
 
-    # 2. the Pareto plot
-    plot_pareto(quality, os.path.join(args.out_dir, "pareto.png"), B)
+    # 2. ablations: a sweep per MARS checkpoint, and the confidence metrics on the first
+    ablations = [{"ckpt": args.ckpt[0], "label": label(ckpts[0]), "mars": ckpts[0]["mars"], "sweep": sweep}]
+    for path, ckpt, (m, t) in zip(args.ckpt[1:], ckpts[1:], models[1:]):
+        print(f"threshold sweep of {path}", file=sys.stderr)
+        b = ckpt["mars"]["B"]
+        ablations.append({"ckpt": path, "label": label(ckpt), "mars": ckpt["mars"],
+                          "sweep": [row("mars", tau, m, t, B=b, tau=tau) for tau in taus]})
+    labels = [a["label"] for a in ablations]
+    for a in ablations:  # the same recipe twice: tell the curves apart by file
+        if labels.count(a["label"]) > 1:
+            a["label"] += f" ({os.path.basename(a['ckpt'])})"
+    print("confidence metrics (first checkpoint)", file=sys.stderr)
+    metrics = {"prob": sweep}
+    for metric in mars.METRICS:
+        if metric != "prob":  # tau = 1.0 commits one token whatever the metric: share that row
+            metrics[metric] = [sweep[0]] + [row("mars", tau, model, tok, B=B, tau=tau, metric=metric)
+                                            for tau in taus[1:]]
+    V = model.config.vocab_size
+    entropy_note = (f"entropy confidence is 1 - H/ln(V), V = {V}: tau = c accepts H <= (1 - c) * ln V "
+                    f"= (1 - c) * {math.log(V):.3f} nats (the paper thresholds H in nats directly)")
+
+    baselines = {"AR SFT": quality[0]["accuracy"]} | ({"control": quality[1]["accuracy"]} if control else {})
+    plot(os.path.join(args.out_dir, "pareto.png"), [(f"MARS {a['label']}", a["sweep"]) for a in ablations], baselines,
+         "accuracy vs tokens per forward, one curve per checkpoint (tau)", lossless=quality[-1])
+    plot(os.path.join(args.out_dir, "metrics.png"), [(f"{k} (B={B})", v) for k, v in metrics.items()], baselines,
+         "confidence metrics: accuracy vs tokens per forward (tau)")
 
     # 3. wall clock
     prompts = [e["prompt"] for e in test[:args.speed_prompts]]
-    tau = args.speed_threshold
-    speed = []
-    print(f"wall clock on {len(prompts)} prompts, tau = {tau}, median of {args.repeats}", file=sys.stderr)
+    speed = wall_clock((ar_model, ar_tok), (model, tok), B, prompts, args)
 
-    def add_speed(decoder, batch_size, m, t, cache_block=None, threshold=None, **decode):
-        rate, tpf = tokens_per_second(m, t, prompts, batch_size, args.repeats, cache_block=cache_block or 16, **decode)
-        base = next((s["tokens_per_second"] for s in speed if s["decoder"] == "ar" and s["batch_size"] == batch_size), rate)
-        speed.append({"decoder": decoder, "batch_size": batch_size, "cache_block": cache_block, "threshold": threshold,
-                      "tokens_per_second": rate, "speedup": rate / base, "tokens_per_forward": tpf})
-        print(f"  {decoder:13s} batch {batch_size:2d} cache_block {cache_block}: {rate:7.1f} tokens/s, "
-              f"{tpf:.2f} tokens/forward, {rate / base:.2f}x AR", file=sys.stderr, flush=True)
-
-    for bs in [1] + args.batch_sizes:
-        add_speed("ar", bs, ar_model, tok, B=1)  # AR with KV cache: the baseline of this batch size
-        if bs == 1:
-            add_speed("mars_nocache", 1, model, mtok, B=B, tau=tau, threshold=tau, cache="none")
-            add_speed("lossless", 1, model, mtok, B=B, lossless=True)
-        add_speed("mars_sliding", bs, model, mtok, B=B, tau=tau, threshold=tau, cache="sliding")
-        for cb in args.cache_blocks:
-            add_speed("mars_block", bs, model, mtok, B=B, tau=tau, threshold=tau, cache="block", cache_block=cb)
-
-    result = {"quality": quality, "speed": speed, "machine": machine(), "device": args.device, "B": B,
-              "ar_ckpt": args.ar_ckpt, "ckpt": args.ckpt, "n_test": len(test), "speed_prompts": len(prompts)}
+    for q in quality + [r for a in ablations for r in a["sweep"]] + [r for v in metrics.values() for r in v]:
+        q.pop("correct", None)  # per-prompt lists served the pairing; the JSON keeps the summaries
+    result = {"quality": quality, "paired": paired_rows, "ablations": ablations, "metrics": metrics,
+              "entropy_note": entropy_note, "speed": speed, "paper_table5": PAPER_TABLE5, "machine": machine(),
+              "device": args.device, "B": B, "ar_ckpt": args.ar_ckpt, "ckpt": args.ckpt, "control_ckpt": control_path,
+              "n_test": len(test), "speed_prompts": len(prompts), "repeats": args.repeats}
     with open(os.path.join(args.out_dir, "eval.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(markdown(result))
 
 
-def plot_pareto(quality, path, B):
+def plot(path, curves, baselines, title, lossless=None):
+    """Accuracy against tokens per forward: a curve per (name, sweep rows), tau at each point,
+    a horizontal line per one-token baseline."""
     from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
-    sweep = [q for q in quality if q["decoder"] == "mars"]
-    ar = next(q for q in quality if q["decoder"] == "ar")
-    fig = Figure(figsize=(6, 4))
+    fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
-    ax.plot([q["tokens_per_forward"] for q in sweep], [100 * q["accuracy"] for q in sweep], "o-", label=f"MARS (B={B})")
-    for q in sweep:
-        ax.annotate(f"{q['threshold']}", (q["tokens_per_forward"], 100 * q["accuracy"]),
-                    textcoords="offset points", xytext=(4, 4), fontsize=8)
-    lossless = [q for q in quality if q["decoder"] == "lossless"]
-    for q in lossless:
-        ax.plot(q["tokens_per_forward"], 100 * q["accuracy"], "s", label="MARS lossless")
-    ax.axhline(100 * ar["accuracy"], ls=":", color="gray", label="AR SFT")
-    ax.set(xlabel="tokens per forward", ylabel="held-out accuracy (%)", title="accuracy vs tokens per forward (tau)")
-    ax.legend()
+    for name, rows in curves:
+        x, y = [r["tokens_per_forward"] for r in rows], [100 * r["accuracy"] for r in rows]
+        ax.plot(x, y, "o-", label=name)
+        for r, xi, yi in zip(rows, x, y):
+            ax.annotate(f"{r['threshold']}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if lossless:
+        ax.plot(lossless["tokens_per_forward"], 100 * lossless["accuracy"], "s", label="MARS lossless")
+    for (name, acc), ls in zip(baselines.items(), (":", "--")):
+        ax.axhline(100 * acc, ls=ls, color="gray", label=name)
+    ax.set(xlabel="tokens per forward", ylabel="held-out accuracy (%)", title=title)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
 
 def markdown(result):
+    pct = lambda r: f"{100 * r['accuracy']:.1f}"
+    ci = lambda lo_hi: f"[{100 * lo_hi[0]:.1f}, {100 * lo_hi[1]:.1f}]"
+    names = {"ar": "AR SFT (stage 1)", "control": "control (stage 1 + AR steps)", "lossless": "MARS lossless"}
     q = result["quality"]
     tasks = list(q[0]["per_task"])
-    name = lambda r: r["decoder"] if r["threshold"] is None else f"{r['decoder']} tau={r['threshold']}"
-    lines = [f"Quality ({result['n_test']} held-out prompts, B = {result['B']}): accuracy % (tokens/forward)", "",
-             "| decoder | all | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 2) + "|"]
+    lines = [f"Quality ({result['n_test']} held-out prompts, B = {result['B']}): accuracy % with 95% interval, "
+             "tokens/forward, accuracy per family", "",
+             "| decoder | all | 95% CI | tokens/forward | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 4) + "|"]
     for r in q:
-        cells = [f"{100 * r['accuracy']:.1f} ({r['tokens_per_forward']:.2f})"]
-        cells += [f"{100 * r['per_task'][t]['accuracy']:.0f} ({r['per_task'][t]['tokens_per_forward']:.2f})" for t in tasks]
-        lines.append(f"| {name(r)} | " + " | ".join(cells) + " |")
-    lines += ["", f"Wall clock ({result['speed_prompts']} prompts; {result['machine']}; {result['device']})", "",
-              "| decoder | batch | cache_block | tau | tokens/forward | tokens/s | speedup vs AR |",
+        name = names.get(r["decoder"], f"MARS tau={r['threshold']}")
+        cells = [pct(r), ci(r["ci"]), f"{r['tokens_per_forward']:.2f}"]
+        cells += [f"{100 * r['per_task'][t]['accuracy']:.0f}" for t in tasks]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Paired on the same prompts: difference in points, 95% interval, exact McNemar p", "",
+              "| comparison | difference | 95% CI | p | right only in a / only in b |", "|---|---|---|---|---|"]
+    for p in result["paired"]:
+        lines.append(f"| {p['a']} vs {p['b']} | {100 * p['diff']:+.1f} | {ci(p['ci'])} | {p['p_value']:.3g} | "
+                     f"{p['a_only']} / {p['b_only']} |")
+    for title, what, sweeps in (("Ablations: accuracy % (tokens/forward) per checkpoint", "checkpoint",
+                                 [(a["label"], a["sweep"]) for a in result["ablations"]]),
+                                ("Confidence metrics (first checkpoint): accuracy % (tokens/forward)", "metric",
+                                 list(result["metrics"].items()))):
+        taus = [r["threshold"] for r in sweeps[0][1]]
+        lines += ["", title, "", f"| {what} | " + " | ".join(f"tau={t}" for t in taus) + " |",
+                  "|---" * (len(taus) + 1) + "|"]
+        for name, rows in sweeps:
+            lines.append(f"| {name} | " + " | ".join(f"{pct(r)} ({r['tokens_per_forward']:.2f})" for r in rows) + " |")
+    lines += ["", result["entropy_note"], "",
+              f"Wall clock ({result['speed_prompts']} prompts, {result['repeats']} repeats; {result['machine']}; "
+              f"{result['device']}); speedup against AR at the same batch size: median [min, max] over repeats", "",
+              "| decoder | batch | tau | cache_block | tokens/forward | tokens/s | speedup vs AR |",
               "|---|---|---|---|---|---|---|"]
     for s in result["speed"]:
-        lines.append(f"| {s['decoder']} | {s['batch_size']} | {s['cache_block'] or '-'} | {s['threshold'] or '-'} | "
-                     f"{s['tokens_per_forward']:.2f} | {s['tokens_per_second']:.0f} | {s['speedup']:.2f}x |")
+        lo, hi = s["speedup_spread"]
+        lines.append(f"| {s['decoder']} | {s['batch_size']} | {s['threshold'] or '-'} | {s['cache_block'] or '-'} | "
+                     f"{s['tokens_per_forward']:.2f} | {s['tokens_per_second']:.0f} | "
+                     f"{s['speedup']:.2f}x [{lo:.2f}, {hi:.2f}] |")
+    lines += ["", "AR's own bracket is the range of its rate over the run, over its median: the drift that "
+              "alternating AR and the decoder batch by batch keeps out of the ratios.",
+              "", f"For comparison, the {result['paper_table5']}."]
     return "\n".join(lines)
 
 

@@ -31,9 +31,8 @@ from sample import Parser, UserError, load_checkpoint, model_from_checkpoint, ru
 
 # One source of truth for every number: flags override single entries.
 PRESETS = {
-    "tiny": dict(n_layer=2, n_head=2, n_embd=64, max_seq_len=64, vocab_size=512, n_train=4000,
-                 batch_size=16, ar_iters=60, mars_iters=60, lr=3e-3, mars_lr=3e-3, eval_every=30, save_every=30,
-                 summary_limit=40),
+    "tiny": dict(n_layer=2, n_head=2, n_embd=64, max_seq_len=64, vocab_size=512, n_train=4000, summary_limit=40,
+                 batch_size=16, ar_iters=60, mars_iters=60, lr=3e-3, mars_lr=3e-3, eval_every=30, save_every=30),
     "cpu": dict(n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048, n_train=40000,
                 batch_size=32, ar_iters=3000, mars_iters=2400, lr=2e-3, mars_lr=2e-3, eval_every=200, save_every=200,
                 summary_limit=None),
@@ -281,20 +280,6 @@ def write_log_and_plot(stage, history, out_dir):
 
 # ---------------------------------------------------------------------------
 
-def summary(args, splits):
-    """Held-out accuracy of stage 1 and of MARS at tau = 1.0 and 0.9 (eval.py has the full tables)."""
-    from eval import score
-    test, load = splits["test"][:args.summary_limit], lambda name: model_from_checkpoint(
-        load_checkpoint(os.path.join(args.out_dir, name)), args.device)
-    rows = [("stage 1 (AR SFT)", None, score(*load("ar.pt"), test, B=1))]
-    rows += [(f"MARS tau={tau}", tau, score(*load("mars.pt"), test, B=args.block_size, tau=tau)) for tau in (1.0, 0.9)]
-    print(f"\nheld-out test set ({len(test)} prompts)\n| model | accuracy | tokens/forward |\n|---|---|---|")
-    for name, _, r in rows:
-        print(f"| {name} | {100 * r['accuracy']:.1f}% | {r['tokens_per_forward']:.2f} |")
-    with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
-        json.dump([{"model": n, "threshold": t, **r} for n, t, r in rows], f, indent=1)
-
-
 def main(argv=None):
     args = get_args(argv)
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -353,7 +338,8 @@ def main(argv=None):
         if world > 1:  # the next stage reads the checkpoint rank 0 has just written
             dist.barrier()
     if rank == 0 and args.stage == "all" and stages:
-        summary(args, splits) if splits["test"] else print("no held-out test examples in this data: skipping the summary")
+        from eval import summary  # a top module may use another; nothing imports train.py
+        summary(args.out_dir, splits["test"][:args.summary_limit], args.device)
     if world > 1:
         dist.destroy_process_group()
 
