@@ -1,0 +1,509 @@
+"""Serving under load: continuous batching, a threshold per request, and a
+controller that lowers tau when the queue grows.
+
+    python serve.py                   # out/mars.pt -> out/serve.json, out/serve.png, a Markdown table
+    python serve.py --clock wall      # the same trace against the real clock, as a sanity check
+
+The paper claims that under high load a MARS server "can increase throughput
+on the fly without swapping models or restarting", and never measures it.
+This is that experiment, small enough to run on a laptop:
+
+1. The engine: continuous batching (iteration-level scheduling, as in Orca and
+   vLLM) around the decoding step every decoder shares (sample.decode_step).
+   Before every forward it admits waiting requests up to --max_batch; a new
+   request's prompt is the uncached part of its row's window, so it is
+   prefilled in the same forward as the others' decoding steps; finished
+   requests leave after it. Each request carries its own tau, read at every
+   step. A row at tau = 1.0 commits one token whatever its masks predict, so
+   it is fed none: tau = 1.0 costs exactly what AR (B = 1) costs.
+2. The load: an open-loop Poisson trace from a seed, prompts drawn from the
+   held-out set, in three phases of equal length: light (0.5x the tau = 1.0
+   capacity), overload (1.3x), light again ("recovery"). The capacities are
+   measured at start-up (a full queue, on validation prompts).
+3. The policies, all on the same trace: ar (B = 1), tau = 1.0, the lowest
+   tau of --ladder, and adaptive: the smoothed backlog (waiting + running
+   requests) picks a rung of the ladder, with hysteresis. Under load it
+   *lowers* tau (the opposite of speculative decoding, which engines switch
+   off under load): a MARS forward carries its masks anyway, and tau only
+   decides how many of their predictions to keep.
+4. The clock is virtual: forwards really run, so acceptance and answers are
+   real, but time advances by a step-cost model t(batch, window width)
+   profiled once at start-up, so that a noisy shared machine does not change
+   the result. Latencies include queueing; answers are checked exactly.
+
+Why --max_batch 8 here: on a CPU a forward's cost grows with the tokens it
+carries almost at once (README, wall clock), and a joining prompt pads every
+row's window to its length. Measured capacity on the cpu checkpoint (requests/s
+at tau = 1.0 / 0.9, one thread): 107 / 209 at batch 4, 117 / 231 at batch 8,
+100 / 216 at batch 16. A GPU stays cheap per token far longer: use more.
+"""
+import json
+import os
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import data
+import mars
+from eval import machine
+from sample import Parser, Row, UserError, decode_step, load_checkpoint, model_from_checkpoint, run_cli, threshold
+
+# the trace: (phase, arrival rate as a multiple of the tau = 1.0 capacity), equal durations
+PHASES = (("light", 0.5), ("overload", 1.3), ("recovery", 0.5))
+
+
+# ---------------------------------------------------------------------------
+# The engine
+
+@dataclass
+class Request:
+    arrival: float  # seconds since the start of the trace
+    prompt: list  # ids
+    example: dict = None  # the held-out example, for the answer checker
+    tau: float = 1.0  # read at every step: a policy may change it mid-request
+    row: Row = None  # the decoding state while running
+    tokens: list = field(default_factory=list)  # generated ids, <|endoftext|> included when reached
+    forwards: int = 0
+    tau_sum: float = 0.0  # of the tau of each forward, for the mean
+    admitted: float = None
+    first_token: float = None
+    finish: float = None
+
+
+class Engine:
+    """Continuous batching over sample.decode_step, one KV-cache row per running request.
+
+    A request decoded here commits exactly the tokens sample.generate commits
+    for it alone at the same tau (greedy): the step is the same, and a row's
+    result does not depend on the other rows of its batch."""
+
+    def __init__(self, model, eot_id, mask_id, B, max_batch, max_new_tokens=64):
+        self.model, self.eot_id, self.mask_id, self.B = model, eot_id, mask_id, B
+        self.max_batch, self.max_new_tokens = max_batch, max_new_tokens
+        self.max_seq = model.config.max_seq_len
+        # a window is padded to the widest row (a new prompt), whatever this row has cached
+        self.kv = model.new_cache(0, 2 * self.max_seq + 2 * B)
+        self.waiting, self.running = deque(), []
+
+    @property
+    def backlog(self):
+        return len(self.waiting) + len(self.running)
+
+    @torch.inference_mode()
+    def step(self, now=0.0):
+        """Admit, one forward, commit, evict. Returns (batch, width, stepped, finished): the
+        forward's shape (what it costs), the requests it stepped, those that left after it."""
+        admit = min(len(self.waiting), self.max_batch - len(self.running))
+        for _ in range(admit):
+            r = self.waiting.popleft()
+            r.row, r.admitted = Row(ids=list(r.prompt)), now
+            self.running.append(r)
+        self.kv.add_rows(admit)
+        stepped = list(self.running)
+        rows = [r.row for r in stepped]
+        for r in stepped:  # masks only for rows that can use them
+            r.row.n_masks = self.B - 1 if r.tau < 1 else 0
+        tokens, conf = decode_step(self.model, rows, self.kv, self.mask_id)
+        width = self.kv.lengths[0] - rows[0].cached  # the cache now holds every row's whole (padded) window
+        n = mars.accept(conf, torch.tensor([r.tau for r in stepped], device=conf.device))
+        proposals = torch.cat([n[:, None], tokens], dim=1).tolist()  # one host transfer per step
+
+        keep, finished = [], []
+        for i, (r, p) in enumerate(zip(stepped, proposals)):
+            budget = min(self.max_new_tokens - len(r.tokens), self.max_seq - len(r.row.ids))
+            new = p[1:1 + p[0]][:budget]
+            if self.eot_id in new:
+                new = new[:new.index(self.eot_id) + 1]
+            r.row.cached = len(r.row.ids)  # the real tokens fed are cached; the new ones lead the next window
+            r.row.ids += new
+            r.tokens += new
+            r.forwards += 1
+            r.tau_sum += r.tau
+            if self.eot_id in new or len(r.tokens) >= self.max_new_tokens or len(r.row.ids) >= self.max_seq:
+                finished.append(r)
+            else:
+                keep.append(i)
+        self.kv.rollback([r.row.cached for r in stepped])  # drop the masks' keys and values
+        self.kv.keep_rows(keep)
+        self.running = [stepped[i] for i in keep]
+        return len(stepped), width, stepped, finished
+
+
+# ---------------------------------------------------------------------------
+# Policies: the tau of every request, chosen before each forward from the backlog
+
+class Fixed:
+    def __init__(self, tau):
+        self.tau = tau
+
+    def __call__(self, load):
+        return self.tau
+
+
+@dataclass
+class Adaptive:
+    """A ladder of tau values, climbed down as the smoothed load grows.
+
+    load = backlog / max_batch: 1.0 is a full batch with nobody waiting. The
+    controller leaves rung k (towards lower tau) when the smoothed load exceeds
+    `first + spacing * k`, and climbs back only when it falls `gap` below the
+    threshold that brought it down: without that gap a load sitting at a
+    threshold would flip tau at every forward. The smoothing (an exponential
+    average over forwards) ignores the short bursts a Poisson stream always has."""
+    ladder: tuple = (1.0, 0.99, 0.95, 0.9)
+    first: float = 1.0
+    spacing: float = 0.5
+    gap: float = 0.5
+    smoothing: float = 0.1  # weight of the newest backlog in the average
+    rung: int = 0
+    load: float = 0.0
+
+    def __call__(self, load):
+        self.load += self.smoothing * (load - self.load)
+        down = self.first + self.spacing * self.rung
+        if self.rung < len(self.ladder) - 1 and self.load > down:
+            self.rung += 1
+        elif self.rung > 0 and self.load < down - self.spacing - self.gap:
+            self.rung -= 1
+        return self.ladder[self.rung]
+
+
+# ---------------------------------------------------------------------------
+# Clocks and the step-cost model
+
+class StepCost:
+    """t(batch, width): seconds of one decoding forward, profiled on a grid, bilinear in between."""
+
+    def __init__(self, batches, widths, seconds):
+        # more work never costs less: take out the timing noise that says otherwise
+        seconds = np.maximum.accumulate(np.maximum.accumulate(np.asarray(seconds), axis=0), axis=1)
+        self.batches, self.widths, self.seconds = list(batches), list(widths), seconds
+
+    def __call__(self, batch, width):
+        per_batch = [np.interp(width, self.widths, row) for row in self.seconds]
+        return float(np.interp(batch, self.batches, per_batch))
+
+    @classmethod
+    @torch.inference_mode()
+    def profile(cls, model, mask_id, max_batch, B, repeats=8):
+        """The fastest of `repeats` timings of decode_step at each grid point, rows with half a context
+        cached. The minimum, and rounds over the whole grid rather than repeats in a row: on a shared
+        machine other processes only ever add time, and a busy spell then spoils no point for good."""
+        max_seq = model.config.max_seq_len
+        batches = sorted({2 ** k for k in range(max_batch.bit_length())} | {max_batch})
+        widths = [w for w in (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96) if w < max_seq + B] + [max_seq + B]
+        cached = max_seq // 2
+        caches = {b: model.new_cache(b, 2 * max_seq + 2 * B) for b in batches}
+        seconds = np.full((len(batches), len(widths)), np.inf)
+        for round in range(repeats + 1):  # round 0 is a warm-up
+            for i, b in enumerate(batches):
+                for j, w in enumerate(widths):
+                    rows = [Row(ids=[mask_id] * (cached + w), cached=cached) for _ in range(b)]
+                    t0 = time.perf_counter()
+                    decode_step(model, rows, caches[b], mask_id)[0].tolist()  # to the host: waits for the device
+                    if round:
+                        seconds[i, j] = min(seconds[i, j], time.perf_counter() - t0)
+        return cls(batches, widths, seconds)
+
+
+class VirtualClock:
+    """Time advances by the step-cost model only: reproducible on a busy machine."""
+
+    def __init__(self, cost):
+        self.cost, self.t = cost, 0.0
+
+    def now(self):
+        return self.t
+
+    def forward_done(self, batch, width):
+        self.t += self.cost(batch, width)
+
+    def idle_until(self, t):
+        self.t = max(self.t, t)
+
+
+class WallClock:
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def now(self):
+        return time.perf_counter() - self.t0
+
+    def forward_done(self, batch, width):
+        pass
+
+    def idle_until(self, t):
+        time.sleep(max(0.0, t - self.now()))
+
+
+# ---------------------------------------------------------------------------
+# The experiment
+
+def make_trace(examples, phases, seed):
+    """Open-loop Poisson arrivals: [(arrival, example)] for phases [(name, rate, seconds)], back to back.
+    Prompts come from a seeded shuffle of examples, reused in turn if the trace is longer."""
+    rng = random.Random(seed)
+    order = rng.sample(examples, len(examples))
+    trace, start = [], 0.0
+    for _, rate, seconds in phases:
+        t = start + rng.expovariate(rate)
+        while t < start + seconds:
+            trace.append((t, order[len(trace) % len(order)]))
+            t += rng.expovariate(rate)
+        start += seconds
+    return trace
+
+
+def simulate(model, tok, trace, policy, B, max_batch, clock, max_new_tokens):
+    """Serve a trace; returns (requests, steps), steps = [(end time, backlog, tau, tokens committed)]."""
+    engine = Engine(model, tok.eot, tok.mask, B, max_batch, max_new_tokens)
+    reqs = [Request(arrival=a, prompt=tok.prompt_ids(e["prompt"]), example=e) for a, e in trace]
+    steps, i = [], 0
+    while i < len(reqs) or engine.backlog:
+        while i < len(reqs) and reqs[i].arrival <= clock.now():
+            engine.waiting.append(reqs[i])
+            i += 1
+        if not engine.backlog:
+            clock.idle_until(reqs[i].arrival)
+            continue
+        backlog = engine.backlog
+        tau = policy(backlog / max_batch)
+        for r in list(engine.waiting) + engine.running:
+            r.tau = tau
+        before = sum(len(r.tokens) for r in engine.running)  # the admitted have none yet
+        batch, width, stepped, finished = engine.step(clock.now())
+        clock.forward_done(batch, width)
+        now = clock.now()
+        for r in stepped:
+            r.first_token = r.first_token if r.first_token is not None else now
+        for r in finished:
+            r.finish = now
+        steps.append((now, backlog, tau, sum(len(r.tokens) for r in stepped) - before))
+    return reqs, steps
+
+
+def capacity(model, tok, examples, tau, B, max_batch, make_clock, max_new_tokens):
+    """(requests/s, median service seconds) at a fixed tau with a full queue (all waiting at time 0).
+    The rate counts the completions between the first and the last max_batch, when the batch is full."""
+    reqs, _ = simulate(model, tok, [(0.0, e) for e in examples], Fixed(tau), B, max_batch, make_clock(),
+                       max_new_tokens)
+    done = sorted(r.finish for r in reqs)
+    lo, hi = max_batch - 1, len(done) - max_batch - 1
+    rate = (hi - lo) / (done[hi] - done[lo])
+    return rate, float(np.median([r.finish - r.admitted for r in reqs]))
+
+
+def summarise(reqs, steps, start, end, slo, tok):
+    """Metrics of the requests that arrived in [start, end); throughput counts what the
+    server committed in that window, whichever request it belonged to."""
+    lat = [r.finish - r.arrival for r in reqs]
+    ttft = [r.first_token - r.arrival for r in reqs]
+    forwards = sum(r.forwards for r in reqs)
+    correct = [data.check(r.example, tok.decode([t for t in r.tokens if t != tok.eot])) for r in reqs]
+    pct = lambda xs, q: float(np.percentile(xs, q))
+    return dict(requests=len(reqs), p50_latency=pct(lat, 50), p99_latency=pct(lat, 99),
+                p50_ttft=pct(ttft, 50), p99_ttft=pct(ttft, 99),
+                tokens_per_second=sum(n for t, _, _, n in steps if start <= t < end) / (end - start),
+                goodput=sum(x <= slo for x in lat) / (end - start),
+                tokens_per_forward=sum(len(r.tokens) for r in reqs) / forwards,
+                mean_tau=sum(r.tau_sum for r in reqs) / forwards, accuracy=sum(correct) / len(reqs))
+
+
+def get_args(argv=None):
+    p = Parser(__doc__)
+    p.add_argument("--ckpt", default="out/mars.pt", help="MARS checkpoint (default out/mars.pt)")
+    p.add_argument("--out_dir", default="out", help="where serve.json and serve.png go (default out)")
+    p.add_argument("--max_batch", type=int, default=8,
+                   help="most requests decoded together (default 8: on the 2-core reference CPU it serves the most "
+                        "requests/s both at tau = 1.0 and at low tau; see the top of this file)")
+    p.add_argument("--ladder", type=threshold, nargs="+", default=[1.0, 0.99, 0.95, 0.9],
+                   help="the adaptive policy's tau values, from light to heavy load (default 1.0 0.99 0.95 0.9); "
+                        "the last is also the fixed low-tau policy")
+    p.add_argument("--requests", type=int, default=600,
+                   help="expected requests in the three-phase trace (default 600)")
+    p.add_argument("--sweep", type=float, nargs="+", default=[0.5, 0.8, 1.1, 1.4],
+                   help="steady arrival rates for the second panel, as multiples of the tau = 1.0 capacity "
+                        "(default 0.5 0.8 1.1 1.4)")
+    p.add_argument("--sweep_requests", type=int, default=120, help="expected requests per sweep rate (default 120)")
+    p.add_argument("--slo", type=float, default=None,
+                   help="latency SLO in seconds for goodput (default 3x the median service time of a request "
+                        "in a full tau = 1.0 batch, measured at start-up)")
+    p.add_argument("--clock", choices=["virtual", "wall"], default="virtual",
+                   help="virtual (default): time advances by a step-cost model profiled at start-up, reproducible; "
+                        "wall: the real clock, as a sanity check")
+    p.add_argument("--max_new_tokens", type=int, default=64, help="stop a response after this many tokens (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrival trace and its prompts (default 0)")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
+    args = p.parse_args(argv)
+    for name in ("max_batch", "requests", "sweep_requests", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    if len(args.ladder) < 2 or any(a <= b for a, b in zip(args.ladder, args.ladder[1:])):
+        p.error("--ladder needs at least two taus, strictly decreasing, e.g. 1.0 0.99 0.95 0.9")
+    if min(args.sweep) <= 0 or (args.slo is not None and args.slo <= 0):
+        p.error("--sweep rates and --slo must be positive")
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return args
+
+
+def main(argv=None):
+    args = get_args(argv)
+    ckpt = load_checkpoint(args.ckpt, args.device)
+    if "mars" not in ckpt:
+        raise UserError(f"{args.ckpt} is a stage-1 (AR) checkpoint: serve needs a MARS checkpoint (mars.pt)")
+    model, tok = model_from_checkpoint(ckpt, args.device)
+    model.eval()
+    B, cfg, max_seq = ckpt["mars"]["B"], ckpt["train_config"], model.config.max_seq_len
+    fits = lambda split: [e for e in split if len(tok.prompt_ids(e["prompt"])) < max_seq]
+    splits = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])
+    test, val = fits(splits["test"]), fits(splits["val"])
+    if not test:
+        raise UserError(f"no held-out prompt fits the model's context of {max_seq} tokens")
+    low = args.ladder[-1]
+    policies = {"ar": (1, lambda: Fixed(1.0)), "tau=1.0": (B, lambda: Fixed(1.0)), f"tau={low}": (B, lambda: Fixed(low)),
+                "adaptive": (B, lambda: Adaptive(ladder=tuple(args.ladder)))}
+    os.makedirs(args.out_dir, exist_ok=True)
+    t0 = time.time()
+
+    # start-up: the step-cost model, then the capacities it implies (a full queue of validation prompts)
+    cost = StepCost.profile(model, tok.mask, args.max_batch, B) if args.clock == "virtual" else None
+    make_clock = (lambda: VirtualClock(cost)) if cost else WallClock
+    n = 12 * args.max_batch
+    calib = ((val or test) * n)[:n]
+    simulate(model, tok, [(0.0, e) for e in calib[:2 * args.max_batch]], Fixed(low), B, args.max_batch, make_clock(),
+             args.max_new_tokens)  # a warm-up: a process's first forwards of each shape are slow
+    cap, service = capacity(model, tok, calib, 1.0, B, args.max_batch, make_clock, args.max_new_tokens)
+    cap_low, _ = capacity(model, tok, calib, low, B, args.max_batch, make_clock, args.max_new_tokens)
+    slo = args.slo or 3 * service
+    print(f"capacity at max_batch {args.max_batch}: {cap:.1f} requests/s at tau = 1.0, {cap_low:.1f} at tau = {low} "
+          f"({cap_low / cap:.2f}x); SLO {slo:.3f} s; start-up {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+
+    total, done = len(policies) * (args.requests + len(args.sweep) * args.sweep_requests), 0
+
+    def every_policy(name, trace):
+        """{policy: (requests, steps)}: every policy serves the same arrivals."""
+        nonlocal done
+        out = {}
+        for policy, (b, make_policy) in policies.items():
+            t_run = time.time()
+            out[policy] = simulate(model, tok, trace, make_policy(), b, args.max_batch, make_clock(), args.max_new_tokens)
+            done += len(trace)
+            print(f"  {name:8s} {policy:9s} {len(trace):4d} requests in {time.time() - t_run:5.1f}s | "
+                  f"ETA {(time.time() - t0) / done * max(total - done, 0):.0f}s", file=sys.stderr, flush=True)
+        return out
+
+    # the three-phase trace
+    seconds = args.requests / (cap * sum(m for _, m in PHASES))  # per phase
+    phases = [(name, m * cap, seconds) for name, m in PHASES]
+    trace, end = make_trace(test, phases, args.seed), len(phases) * seconds
+    served = every_policy("trace", trace)
+    runs, whole = [], []
+    for policy, (reqs, steps) in served.items():
+        for k, (name, rate, secs) in enumerate(phases):
+            start = k * seconds
+            inside = [r for r in reqs if start <= r.arrival < start + secs]
+            runs.append({"policy": policy, "phase": name, "rate": rate, **summarise(inside, steps, start, start + secs, slo, tok)})
+        whole.append({"policy": policy, "rate": len(reqs) / end, **summarise(reqs, steps, 0, end, slo, tok)})
+
+    # the sweep: one steady trace per rate, all from one seed, so the same requests come at every rate,
+    # only closer together: accuracy then changes with tau alone, not with the sample of prompts
+    sweep = []
+    for m in args.sweep:
+        rate, secs = m * cap, args.sweep_requests / (m * cap)
+        for policy, (reqs, steps) in every_policy(f"load {m}", make_trace(test, [("sweep", rate, secs)], args.seed + 1)).items():
+            sweep.append({"policy": policy, "rate": rate, "load": m, **summarise(reqs, steps, 0, secs, slo, tok)})
+
+    result = {"clock": args.clock, "max_batch": args.max_batch, "slo_seconds": slo, "machine": machine(),
+              "runs": runs, "whole_trace": whole, "sweep": sweep, "ckpt": args.ckpt, "B": B,
+              "ladder": args.ladder, "capacity": {"tau=1.0": cap, f"tau={low}": cap_low},
+              "phases": [{"phase": n, "rate": r, "seconds": s} for n, r, s in phases], "seed": args.seed,
+              "step_cost": cost and {"batches": cost.batches, "widths": cost.widths, "seconds": cost.seconds.tolist()}}
+    result["goals"] = goals(result)
+    with open(os.path.join(args.out_dir, "serve.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    plot(result, {policy: steps for policy, (_, steps) in served.items()}, [a for a, _ in trace],
+         os.path.join(args.out_dir, "serve.png"))
+    print(markdown(result))
+    print(f"done in {time.time() - t0:.0f}s: {args.out_dir}/serve.json, {args.out_dir}/serve.png", file=sys.stderr)
+
+
+def goals(result):
+    """The issue's three goals, measured: overload p99 of adaptive / tau = 1.0 (<= 1/3), whole-trace
+    accuracy of adaptive minus tau = 1.0 in points (>= -1), the adaptive mean tau of the light phases (>= 0.99)."""
+    run = {(r["policy"], r["phase"]): r for r in result["runs"]}
+    whole = {r["policy"]: r for r in result["whole_trace"]}
+    light = [run[("adaptive", p)] for p in ("light", "recovery")]
+    return {"overload_p99_ratio": run[("adaptive", "overload")]["p99_latency"] / run[("tau=1.0", "overload")]["p99_latency"],
+            "accuracy_points": 100 * (whole["adaptive"]["accuracy"] - whole["tau=1.0"]["accuracy"]),
+            "light_mean_tau": min(r["mean_tau"] for r in light)}
+
+
+def markdown(result):
+    cols = "| policy | phase | rate (req/s) | requests | latency p50 / p99 (s) | TTFT p50 / p99 (s) | tokens/s | " \
+           "goodput (req/s) | tokens/forward | mean tau | accuracy |"
+    lines = [f"Serving under load ({result['clock']} clock, max_batch {result['max_batch']}, SLO "
+             f"{result['slo_seconds']:.3f} s, B = {result['B']}; {result['machine']})", "", cols, "|---" * 11 + "|"]
+    for r in result["runs"] + [{**w, "phase": "whole trace"} for w in result["whole_trace"]]:
+        lines.append(f"| {r['policy']} | {r['phase']} | {r['rate']:.1f} | {r['requests']} | {r['p50_latency']:.3f} / "
+                     f"{r['p99_latency']:.3f} | {r['p50_ttft']:.3f} / {r['p99_ttft']:.3f} | {r['tokens_per_second']:.0f} | "
+                     f"{r['goodput']:.1f} | {r['tokens_per_forward']:.2f} | {r['mean_tau']:.3f} | {100 * r['accuracy']:.1f} |")
+    g = result["goals"]
+    lines += ["", f"Goals: overload p99 adaptive / tau=1.0 = {g['overload_p99_ratio']:.2f} (<= 0.33); whole-trace "
+                  f"accuracy adaptive - tau=1.0 = {g['accuracy_points']:+.1f} points (>= -1); light-phase mean tau "
+                  f"of adaptive = {g['light_mean_tau']:.3f} (>= 0.99)"]
+    return "\n".join(lines)
+
+
+def plot(result, timelines, arrivals, path):
+    from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
+    fig = Figure(figsize=(13, 6))
+    grid = fig.add_gridspec(2, 2)
+    ax_rate = fig.add_subplot(grid[0, 0])
+    ax_backlog = fig.add_subplot(grid[1, 0], sharex=ax_rate)
+    ax_sweep = fig.add_subplot(grid[:, 1])
+
+    # panel 1, over time: arrival rate and adaptive tau (top), backlog per policy (bottom)
+    end = sum(p["seconds"] for p in result["phases"])
+    bins = np.linspace(0, end, 31)
+    counts, _ = np.histogram(arrivals, bins)
+    ax_rate.stairs(counts / np.diff(bins), bins, fill=True, color="0.8", label="arrivals")
+    ax_rate.set(ylabel="arrivals (requests/s)", title="the trace: light, overload, recovery")
+    ax_tau = ax_rate.twinx()
+    t, _, tau, _ = zip(*timelines["adaptive"])
+    ax_tau.step(t, tau, where="pre", color="C3", label="adaptive tau")
+    ax_tau.set(ylabel="adaptive tau", ylim=(min(result["ladder"]) - 0.02, 1.01))
+    ax_rate.legend(loc="upper left"), ax_tau.legend(loc="upper right")
+    for policy, steps in timelines.items():
+        t, backlog, _, _ = zip(*steps)
+        wide = policy == "ar"  # under tau = 1.0, which feeds exactly what it feeds
+        ax_backlog.step(t, backlog, where="pre", label=policy, lw=4 if wide else 1, alpha=0.4 if wide else 1)
+    ax_backlog.set(xlabel="time (s)", ylabel="backlog (waiting + running)")
+    ax_backlog.legend(loc="upper left")
+    for ax in (ax_rate, ax_backlog):
+        for edge in np.cumsum([p["seconds"] for p in result["phases"]])[:-1]:
+            ax.axvline(edge, ls=":", color="k")
+
+    # panel 2: p99 latency (solid) and accuracy (dashed) against the arrival rate
+    ax_acc = ax_sweep.twinx()
+    for i, policy in enumerate(dict.fromkeys(r["policy"] for r in result["sweep"])):
+        rows = [r for r in result["sweep"] if r["policy"] == policy]
+        rate = [r["rate"] for r in rows]
+        ax_sweep.plot(rate, [r["p99_latency"] for r in rows], "o-", color=f"C{i}", label=f"{policy} p99")
+        ax_acc.plot(rate, [100 * r["accuracy"] for r in rows], "s--", color=f"C{i}", alpha=0.6)
+    ax_sweep.axvline(result["capacity"]["tau=1.0"], ls=":", color="k")
+    ax_sweep.axhline(result["slo_seconds"], ls=":", color="gray")
+    ax_sweep.set(xlabel="arrival rate (requests/s); dotted: tau = 1.0 capacity", ylabel="p99 latency (s), log",
+                 yscale="log", title="steady load: p99 latency (solid), accuracy (dashed)")
+    ax_acc.set(ylabel="accuracy (%)")
+    ax_sweep.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,150 @@
+"""serve.py: the engine decodes each request as generate decodes it alone, tau = 1.0
+rows carry no masks, the adaptive policy's hysteresis, and the command end to end."""
+import json
+
+import pytest
+
+import sample
+import serve
+from conftest import EOT, MASK, assert_one_line_error, random_model, random_prompts, run_cli
+
+
+def serve_all(engine, requests, joins):
+    """Step until every request has finished; requests[i] is submitted before step joins[i].
+    Returns the (batch, width) of every forward."""
+    shapes, step = [], 0
+    while any(r.finish is None for r in requests):
+        engine.waiting.extend(r for r, j in zip(requests, joins) if j == step)
+        batch, width, _, finished = engine.step(step)
+        for r in finished:
+            r.finish = step
+        shapes.append((batch, width))
+        step += 1
+    return shapes
+
+
+def check_against_generate(model, prompts, taus, joins, eot, mask, B=4, max_batch=3, max_new_tokens=20):
+    engine = serve.Engine(model, eot, mask, B, max_batch, max_new_tokens)
+    requests = [serve.Request(arrival=j, prompt=p, tau=t) for p, t, j in zip(prompts, taus, joins)]
+    shapes = serve_all(engine, requests, joins)
+    batches = [b for b, _ in shapes]
+    assert max(batches) == max_batch and len(set(batches)) > 1  # rows really joined and left mid-flight
+    assert len({r.admitted for r in requests}) > 2
+    for r in requests:
+        alone = sample.generate(model, [r.prompt], eot, mask, B=B, tau=r.tau, max_new_tokens=max_new_tokens)[0]
+        assert r.tokens == alone.tokens, (r.tau, len(r.prompt))
+        assert r.forwards == alone.forwards
+
+
+def test_engine_equals_generate_alone_random_model():
+    model = random_model()
+    lengths = [3, 9, 50, 17, 1, 30, 47, 12, 5]  # 47 and 50 run into the context (64)
+    taus = [0.9, 1.0, 0.5, 0.9, 0.7, 1.0, 0.9, 0.5, 0.99]
+    joins = [0, 0, 0, 1, 2, 2, 5, 9, 9]
+    check_against_generate(model, random_prompts(lengths), taus, joins, EOT, MASK)
+
+
+def test_engine_equals_generate_alone_tiny_checkpoint(tiny_run, splits):
+    model, tok = sample.model_from_checkpoint(sample.load_checkpoint(tiny_run / "mars.pt"))
+    model.eval()
+    prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"][:8]]
+    taus = [0.9, 1.0, 0.5, 0.8, 1.0, 0.3, 0.9, 0.6]
+    check_against_generate(model, prompts, taus, [0, 0, 1, 1, 3, 4, 4, 8], tok.eot, tok.mask, max_new_tokens=24)
+
+
+def test_tau_one_rows_carry_no_masks():
+    """At tau = 1.0 a MARS engine feeds what an AR (B = 1) engine feeds: after the prefill, one token a row."""
+    model, prompts = random_model(), random_prompts([5, 8, 3, 11])
+    shapes, outputs = {}, {}
+    for name, B, tau in [("ar", 1, 1.0), ("tau=1.0", 4, 1.0), ("tau=0.5", 4, 0.5)]:
+        requests = [serve.Request(arrival=0, prompt=p, tau=tau) for p in prompts]
+        shapes[name] = serve_all(serve.Engine(model, EOT, MASK, B, 4, 12), requests, [0] * 4)
+        outputs[name] = [r.tokens for r in requests]
+    assert shapes["ar"] == shapes["tau=1.0"] and outputs["ar"] == outputs["tau=1.0"]
+    assert shapes["tau=1.0"][0] == (4, 11) and {w for _, w in shapes["tau=1.0"][1:]} == {1}
+    assert all(w >= 4 for _, w in shapes["tau=0.5"][1:])  # the new token(s) and B - 1 = 3 masks
+    assert len(shapes["tau=0.5"]) < len(shapes["tau=1.0"])
+
+
+def test_tau_is_read_at_every_step():
+    model, prompts = random_model(), random_prompts([6, 6])
+    engine = serve.Engine(model, EOT, MASK, 4, 2, 30)
+    requests = [serve.Request(arrival=0, prompt=p, tau=0.5) for p in prompts]
+    engine.waiting.extend(requests)
+    widths = []
+    for step in range(6):
+        if step == 3:
+            requests[0].tau = requests[1].tau = 1.0  # a policy lowers the load mid-request
+        widths.append(engine.step()[1])
+    assert min(widths[1:3]) >= 4 and widths[3:] == [1, 1, 1]
+
+
+def test_adaptive_hysteresis():
+    policy = serve.Adaptive(ladder=(1.0, 0.99, 0.95, 0.9))
+    light = [policy(0.4) for _ in range(200)]
+    heavy = [policy(3.0) for _ in range(200)]
+    back = [policy(0.2) for _ in range(300)]
+    assert set(light) == {1.0}  # nothing traded when nothing needs to be
+    assert heavy[-1] == 0.9 and all(a >= b for a, b in zip(heavy, heavy[1:]))  # down the ladder under load
+    assert back[-1] == 1.0 and all(a <= b for a, b in zip(back, back[1:]))  # and back up when it drains
+    # a load hovering at a threshold, as Poisson arrivals make it: tau changes at most once, never flip-flops
+    noisy = [policy(1.0 + (0.5 if i % 2 else -0.5) + 0.1 * ((i * 7) % 5 - 2)) for i in range(1000)]
+    assert sum(a != b for a, b in zip(noisy, noisy[1:])) <= 1
+
+
+def test_make_trace_phases():
+    examples = [{"prompt": str(i)} for i in range(50)]
+    trace = serve.make_trace(examples, [("light", 20.0, 5.0), ("overload", 60.0, 5.0)], seed=3)
+    assert trace == serve.make_trace(examples, [("light", 20.0, 5.0), ("overload", 60.0, 5.0)], seed=3)
+    times = [t for t, _ in trace]
+    assert times == sorted(times) and 0 < times[0] and times[-1] < 10
+    light, overload = sum(t < 5 for t in times), sum(t >= 5 for t in times)
+    assert 60 < light < 140 and 240 < overload < 360  # Poisson counts around 100 and 300
+    assert {e["prompt"] for _, e in trace[:50]} == {str(i) for i in range(50)}  # each prompt once before reuse
+    # the sweep's traces: one seed, three times the rate = the same requests, three times closer together
+    slow, fast = (serve.make_trace(examples, [("sweep", rate, 60.0 / rate)], seed=4) for rate in (10.0, 30.0))
+    assert [e for _, e in slow] == [e for _, e in fast]
+    assert [t for t, _ in slow] == pytest.approx([3 * t for t, _ in fast])
+
+
+def test_step_cost_is_monotone():
+    cost = serve.StepCost([1, 4], [1, 8], [[2.0, 1.0], [3.0, 5.0]])  # noise: width 8 "cheaper" at batch 1
+    assert cost(1, 1) == 2.0 and cost(1, 8) == 2.0 and cost(4, 8) == 5.0
+    assert cost(2.5, 4.5) == pytest.approx(0.5 * (2.0 + 4.0))
+
+
+def test_cli_end_to_end(tiny_run, tmp_path):
+    proc = run_cli(["serve.py", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path, "--requests", "40",
+                    "--sweep", "0.5", "1.5", "--sweep_requests", "12", "--max_batch", "4", "--max_new_tokens", "16"],
+                   timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "| policy | phase |" in proc.stdout and "ETA" in proc.stderr
+    result = json.loads((tmp_path / "serve.json").read_text())
+    assert (tmp_path / "serve.png").stat().st_size > 10000
+    assert result["clock"] == "virtual" and result["max_batch"] == 4 and result["slo_seconds"] > 0 and result["machine"]
+    keys = {"policy", "phase", "rate", "requests", "p50_latency", "p99_latency", "p50_ttft", "p99_ttft",
+            "tokens_per_second", "goodput", "tokens_per_forward", "mean_tau", "accuracy"}
+    runs = result["runs"]
+    assert [(r["policy"], r["phase"]) for r in runs] == [(p, ph) for p in ("ar", "tau=1.0", "tau=0.9", "adaptive")
+                                                          for ph in ("light", "overload", "recovery")]
+    for r in runs:
+        assert keys <= r.keys() and r["requests"] > 0
+        assert 0 < r["p50_latency"] <= r["p99_latency"] and 0 < r["p50_ttft"] <= r["p99_ttft"]
+        assert 0 <= r["accuracy"] <= 1 and r["tokens_per_forward"] >= 1 and 0 < r["mean_tau"] <= 1
+    by = {(r["policy"], r["phase"]): r for r in runs}
+    assert by[("tau=0.9", "light")]["mean_tau"] == pytest.approx(0.9) and by[("tau=1.0", "light")]["tokens_per_forward"] == 1.0
+    for phase in ("light", "overload", "recovery"):  # tau = 1.0 costs exactly what AR costs
+        assert {k: v for k, v in by[("ar", phase)].items() if k != "policy"} == \
+               {k: v for k, v in by[("tau=1.0", phase)].items() if k != "policy"}
+    assert len(result["sweep"]) == 8 and set(result["goals"]) == {"overload_p99_ratio", "accuracy_points", "light_mean_tau"}
+
+
+@pytest.mark.parametrize("args", [["--max_batch", "0"], ["--ladder", "1.0", "1.2"], ["--ladder", "0.9", "0.95"],
+                                  ["--ladder", "1.0"], ["--clock", "sundial"], ["--requests", "many"], ["--sweep", "0"],
+                                  ["--slo", "-1"], ["--ckpt", "missing.pt"]])
+def test_bad_flags_one_line_error(args):
+    assert_one_line_error(run_cli(["serve.py", *args]))
+
+
+def test_rejects_an_ar_checkpoint(tiny_run, tmp_path):
+    assert_one_line_error(run_cli(["serve.py", "--ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path]))
