@@ -264,6 +264,8 @@ def main(argv=None):
     B = ckpts[0]["mars"]["B"]
     cfg = ckpts[0]["train_config"]
     test = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["test"][:args.limit]
+    if not test:
+        raise UserError("the data of this checkpoint has no held-out test examples to evaluate")
     taus = [1.0] + sorted(set(args.thresholds) - {1.0}, reverse=True)
     os.makedirs(args.out_dir, exist_ok=True)
 

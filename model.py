@@ -88,8 +88,9 @@ class KVCache:
 
 def rotary(positions, head_dim, base):
     """cos and sin (b or 1, 1, t, head_dim/2) of the rotation angles position * base^(-2i/d)."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim)
-    angles = positions.double()[..., None] * inv_freq  # float64: exact enough for any position
+    dtype = torch.float32 if positions.device.type == "mps" else torch.float64  # exact angles; MPS has no float64
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=dtype) / head_dim)
+    angles = positions.to(dtype)[..., None] * inv_freq
     if angles.dim() == 2:
         angles = angles[None]
     return angles.cos()[:, None], angles.sin()[:, None]

@@ -57,8 +57,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see --help)\n")
 
 
+def check_device(device):
+    """UserError unless torch can place tensors on this device here (e.g. cuda without a GPU)."""
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, ValueError):
+        raise UserError(f"device {device!r} is not available on this machine") from None
+
+
 def load_checkpoint(path, device="cpu"):
     """The checkpoint dict, or UserError with a one-line reason."""
+    check_device(device)
     if not os.path.isfile(path):
         raise UserError(f"checkpoint not found: {path} (train one with: python train.py)")
     try:
@@ -70,8 +79,12 @@ def load_checkpoint(path, device="cpu"):
 
 
 def model_from_checkpoint(ckpt, device="cpu"):
-    model = GPT(GPTConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
+    try:
+        model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, RuntimeError):  # e.g. a checkpoint of the earlier GPT with learned positions
+        raise UserError("this checkpoint's weights do not fit this version's GPT (rotary positions): retrain it "
+                        "with python train.py") from None
     return model.to(device), data.Tokenizer.from_state(ckpt["tokenizer"])
 
 
@@ -162,7 +175,7 @@ def generate(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="sliding", 
     if not prompts:
         return []
     t0 = time.time()
-    kv = None if cache == "none" else model.new_cache(len(prompts), max_seq + cache_block + 2 * B)
+    kv = None if cache == "none" else model.new_cache(len(prompts), max_seq + 2 * B)
     batch = Batch(model, prompts, eot_id, mask_id, kv, max_new_tokens, trace, temperature, metric)
     taus = torch.as_tensor(tau, dtype=torch.float32, device=model.wte.weight.device).expand(len(prompts))
     if cache == "block":

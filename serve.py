@@ -98,6 +98,8 @@ class Engine:
     def step(self, now=0.0):
         """Admit, one forward, commit, evict. Returns (batch, width, stepped, finished): the
         forward's shape (what it costs), the requests it stepped, those that left after it."""
+        if not self.waiting and not self.running:
+            return 0, 0, [], []
         admit = min(len(self.waiting), self.max_batch - len(self.running))
         for _ in range(admit):
             r = self.waiting.popleft()
@@ -340,9 +342,11 @@ def get_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival trace and its prompts (default 0)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
     args = p.parse_args(argv)
-    for name in ("max_batch", "requests", "sweep_requests", "max_new_tokens"):
+    for name in ("max_batch", "max_new_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
+    if args.requests < 40 or args.sweep_requests < 10:  # so that every phase and every rate sees arrivals
+        p.error("--requests must be at least 40 and --sweep_requests at least 10")
     if len(args.ladder) < 2 or any(a <= b for a, b in zip(args.ladder, args.ladder[1:])):
         p.error("--ladder needs at least two taus, strictly decreasing, e.g. 1.0 0.99 0.95 0.9")
     if min(args.sweep) <= 0 or (args.slo is not None and args.slo <= 0):

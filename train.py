@@ -27,18 +27,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import data
 import mars
 from model import GPT, GPTConfig
-from sample import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli
+from sample import Parser, UserError, check_device, load_checkpoint, model_from_checkpoint, run_cli
 
 # One source of truth for every number: flags override single entries.
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, max_seq_len=64, vocab_size=512, n_train=4000, summary_limit=40,
                  batch_size=16, ar_iters=60, mars_iters=60, lr=3e-3, mars_lr=3e-3, eval_every=30, save_every=30),
-    "cpu": dict(n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048, n_train=40000,
-                batch_size=32, ar_iters=3000, mars_iters=2400, lr=2e-3, mars_lr=2e-3, eval_every=200, save_every=200,
-                summary_limit=None),
-    "gpu": dict(n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000,
-                batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3, eval_every=500, save_every=500,
-                summary_limit=None),
+    "cpu": dict(n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048, n_train=40000, summary_limit=None,
+                batch_size=32, ar_iters=3000, mars_iters=2400, lr=2e-3, mars_lr=2e-3, eval_every=200, save_every=200),
+    "gpu": dict(n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000, summary_limit=None,
+                batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3, eval_every=500, save_every=500),
 }
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
 
@@ -61,7 +59,7 @@ def get_args(argv=None):
                                                                     "(default bfloat16 on CUDA, float32 elsewhere)")
     g = p.add_argument_group("MARS (stage 2)")
     g.add_argument("--block_size", type=int, default=4, help="B, the MARS block: masks predicted together (default 4)")
-    g.add_argument("--ar_weight", type=float, default=1.0,
+    g.add_argument("--ar_weight", type=float,
                    help="alpha, weight of the clean-stream (AR) loss (default 1.0). 0 drops it and changes nothing "
                         "else: that is not quite the paper's 'w/o SFT loss' ablation, which is --no_sft")
     g.add_argument("--no_sft", action="store_true", help="the paper's 'w/o SFT loss' ablation: no clean-stream loss, "
@@ -97,11 +95,14 @@ def get_args(argv=None):
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     args.data = args.data and os.path.abspath(args.data)  # the checkpoint must find it from anywhere
-    if args.block_size < 1:
-        p.error("--block_size must be at least 1")
-    if args.ar_weight < 0:
-        p.error("--ar_weight must be >= 0")
-    args.ar_weight = 0.0 if args.no_sft else args.ar_weight
+    if min(args.block_size, args.ar_iters, args.mars_iters, args.eval_every, args.save_every, args.batch_size) < 1:
+        p.error("--block_size, --ar_iters, --mars_iters, --eval_every, --save_every, --batch_size must be >= 1")
+    if args.n_embd % args.n_head or (args.n_embd // args.n_head) % 2:
+        p.error("--n_embd must split into --n_head heads of an even width (rotary positions rotate pairs)")
+    if (args.ar_weight or 0) < 0 or (args.no_sft and args.ar_weight is not None):
+        p.error("--ar_weight must be >= 0, and --no_sft has no clean-stream loss to weight")
+    args.ar_weight = 0.0 if args.no_sft else 1.0 if args.ar_weight is None else args.ar_weight
+    check_device(args.device)
     return args
 
 
@@ -114,7 +115,7 @@ def save_checkpoint(path, ckpt):
 
 
 # ---------------------------------------------------------------------------
-# The loop, shared by both stages: only the loss function differs
+# The loop, shared by every stage: only the loss function differs
 
 @contextmanager
 def ctrl_c_requests():
@@ -159,7 +160,8 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
             loss = mars.ar_loss(m, x, y)
             return loss, {"loss": loss}
         offset = int(torch.randint(args.block_size, (1,), generator=rng)) if args.block_offset == "random" else 0
-        weight = mars.no_sft_weights(len(x), rng, x.device) if args.no_sft else None
+        # --no_sft: random 1/t weights in training; validation reports the plain noisy loss
+        weight = mars.no_sft_weights(len(x), rng, x.device) if args.no_sft and m.training else None
         loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, args.block_size, args.ar_weight, offset, weight)
         return loss, {"loss": loss, "noisy": noisy, "clean": clean}
 
@@ -277,8 +279,6 @@ def write_log_and_plot(stage, history, out_dir):
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, f"{stage}_loss.png"), dpi=100)
 
-
-# ---------------------------------------------------------------------------
 
 def main(argv=None):
     args = get_args(argv)
