@@ -105,7 +105,7 @@ def score(model, tok, examples, batch_size=64, **decode):
 
 
 def label(ckpt):
-    """A MARS checkpoint's name on the plots, from what its recipe changes: "B=4", "B=8, w/o SFT loss"."""
+    """A MARS checkpoint's name on the plots, from what its recipe changes: "B=8, w/o SFT loss, 600 steps"."""
     m = ckpt["mars"]
     parts = [f"B={m['B']}"]
     if m.get("no_sft"):
@@ -114,7 +114,7 @@ def label(ckpt):
         parts.append(f"ar_weight={m['ar_weight']}")
     if m.get("block_offset", "fixed") != "fixed":
         parts.append(f"{m['block_offset']} block offset")
-    return ", ".join(parts)
+    return ", ".join(parts + [f"{ckpt['iter']} steps"])
 
 
 # ---------------------------------------------------------------------------
@@ -303,7 +303,7 @@ def main(argv=None):
     labels = [a["label"] for a in ablations]
     for a in ablations:  # the same recipe twice: tell the curves apart by file
         if labels.count(a["label"]) > 1:
-            a["label"] += f" ({os.path.basename(a['ckpt'])})"
+            a["label"] += f" ({a['ckpt']})"
     print("confidence metrics (first checkpoint)", file=sys.stderr)
     metrics = {"prob": sweep}
     for metric in mars.METRICS:
