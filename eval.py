@@ -192,10 +192,9 @@ def summary(out_dir, test, device):
     if not test:
         return print("no held-out test examples in this data: skipping the summary")
 
-    def load(name):
-        return model_from_checkpoint(load_checkpoint(os.path.join(out_dir, name), device), device)
-    (ar, tok), (model, mtok) = load("ar.pt"), load("mars.pt")
-    B = load_checkpoint(os.path.join(out_dir, "mars.pt"))["mars"]["B"]
+    ar_ckpt, mars_ckpt = (load_checkpoint(os.path.join(out_dir, name), device) for name in ("ar.pt", "mars.pt"))
+    (ar, tok), (model, mtok) = model_from_checkpoint(ar_ckpt, device), model_from_checkpoint(mars_ckpt, device)
+    B = mars_ckpt["mars"]["B"]
     rows = [("stage 1 (AR SFT)", None, score(ar, tok, test, B=1))]
     rows += [(f"MARS tau={tau}", tau, score(model, mtok, test, B=B, tau=tau)) for tau in (1.0, 0.9)]
     print(f"\nheld-out test set ({len(test)} prompts)\n| model | accuracy (95% CI) | tokens/forward |\n|---|---|---|")

@@ -199,7 +199,7 @@ def slide(batch, B, taus, lossless, max_accept):
             new, drafts = lossless_commit(tokens.tolist(), [r.drafts for r in batch.rows], B)
         else:
             n = mars.accept(conf, taus[batch.index], max_accept)
-            new = [t[1:1 + t[0]] for t in torch.cat([n[:, None], tokens], dim=1).tolist()]  # one host transfer
+            new = accepted(n, tokens)
             drafts = [[] for _ in new]
         for k, r in enumerate(batch.rows):
             kept = batch.commit(k, new[k])
@@ -234,9 +234,9 @@ def fill_blocks(batch, B, taus, cache_block, max_accept):
                 r.n_masks = max(e - len(r.ids) - 1, 0) if B > 1 else 0
             tokens, conf = batch.forward()
             n = mars.accept(conf, taus[batch.index], max_accept)
-            for k, row in enumerate(torch.cat([n[:, None], tokens], dim=1).tolist()):
+            for k, new in enumerate(accepted(n, tokens)):
                 if len(batch.rows[k].ids) < ends[k]:
-                    batch.commit(k, row[1:1 + row[0]], past_eot=True)
+                    batch.commit(k, new, past_eot=True)
             batch.settle(drop=False)
 
 
@@ -274,14 +274,10 @@ class Batch:
         """Append new tokens to row k, at most what its budget leaves, cut after <|endoftext|>
         unless past_eot (the block cache fills its block). The output stops at <|endoftext|>."""
         i, r, g = self.index[k], self.rows[k], self.out[self.index[k]]
-        new = new[:self.left[i]]
-        if self.eot_id in new and not past_eot:
-            new = new[:new.index(self.eot_id) + 1]
+        new = new[:self.left[i]] if past_eot else through_eot(new[:self.left[i]], self.eot_id)
         self.left[i] -= len(new)
         r.ids += new
-        shown = [] if g.tokens[-1:] == [self.eot_id] else new
-        if self.eot_id in shown:
-            shown = shown[:shown.index(self.eot_id) + 1]
+        shown = [] if g.tokens[-1:] == [self.eot_id] else through_eot(new, self.eot_id)
         if shown:
             g.tokens += shown
             g.chunks.append(shown)
@@ -305,6 +301,16 @@ class Batch:
             if self.kv is not None:
                 self.kv.keep_rows(still)
             self.rows, self.index = [self.rows[k] for k in still], [self.index[k] for k in still]
+
+
+def accepted(n, tokens):
+    """Each row's first n[i] predictions, the ones mars.accept commits (one host transfer)."""
+    return [t[1:1 + t[0]] for t in torch.cat([n[:, None], tokens], dim=1).tolist()]
+
+
+def through_eot(tokens, eot_id):
+    """tokens up to and including the first <|endoftext|>: a sequence ends there."""
+    return tokens[:tokens.index(eot_id) + 1] if eot_id in tokens else tokens
 
 
 def lossless_commit(tokens, drafts, B):

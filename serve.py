@@ -51,7 +51,8 @@ import torch
 import data
 import mars
 from eval import machine
-from sample import Parser, Row, UserError, decode_step, load_checkpoint, model_from_checkpoint, run_cli, threshold
+from sample import (Parser, Row, UserError, accepted, decode_step, load_checkpoint, model_from_checkpoint, run_cli,
+                    threshold, through_eot)
 
 # the trace: (phase, arrival rate as a multiple of the tau = 1.0 capacity), equal durations
 PHASES = (("light", 0.5), ("overload", 1.3), ("recovery", 0.5))
@@ -113,14 +114,11 @@ class Engine:
         tokens, conf = decode_step(self.model, rows, self.kv, self.mask_id)
         width = self.kv.lengths[0] - rows[0].cached  # the cache now holds every row's whole (padded) window
         n = mars.accept(conf, torch.tensor([r.tau for r in stepped], device=conf.device))
-        proposals = torch.cat([n[:, None], tokens], dim=1).tolist()  # one host transfer per step
 
         keep, finished = [], []
-        for i, (r, p) in enumerate(zip(stepped, proposals)):
+        for i, (r, new) in enumerate(zip(stepped, accepted(n, tokens))):
             budget = min(self.max_new_tokens - len(r.tokens), self.max_seq - len(r.row.ids))
-            new = p[1:1 + p[0]][:budget]
-            if self.eot_id in new:
-                new = new[:new.index(self.eot_id) + 1]
+            new = through_eot(new[:budget], self.eot_id)
             r.row.cached = len(r.row.ids)  # the real tokens fed are cached; the new ones lead the next window
             r.row.ids += new
             r.tokens += new
