@@ -1,11 +1,13 @@
-"""A small GPT in one file: pre-norm decoder, rotary positions, tied weights,
-explicit position ids and attention masks, and a static KV cache.
+"""A GPT in one file: the decoder of Qwen2 and Llama (RMSNorm, SwiGLU MLP,
+rotary positions, grouped-query attention), explicit position ids and
+attention masks, and a static KV cache.
 
-MARS needs two things a plain GPT hides: position ids (the noisy and clean
-streams share positions 0..T-1) and an arbitrary boolean attention mask (the
-structured [noisy | clean] mask). Both are ordinary arguments here. Positions
-enter only through the rotary embedding of queries and keys (as in the paper's
-Qwen2.5 models), so attention sees relative distances, never absolute places.
+One class serves our small presets and real checkpoints (hf.py maps the
+Hugging Face names onto it). MARS needs two things a plain GPT hides: position
+ids (the noisy and clean streams share positions 0..T-1) and an arbitrary
+boolean attention mask (the structured [noisy | clean] mask). Both are
+ordinary arguments here. Positions enter only through the rotary embedding of
+queries and keys, so attention sees relative distances, never absolute places.
 Nothing in this file knows about MARS or tokenizers.
 """
 import math
@@ -18,16 +20,29 @@ import torch.nn.functional as F
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 1024
+    vocab_size: int = 1024  # embedding rows (a real checkpoint may have more rows than its tokenizer has tokens)
     max_seq_len: int = 128  # the context length (never called block_size here: that is MARS's B)
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 256
+    n_kv_head: int = 0  # grouped-query attention: key/value heads (0 = n_head)
+    head_dim: int = 0  # 0 = n_embd // n_head
+    intermediate_size: int = 0  # SwiGLU width (0 = 8/3 n_embd, rounded up to a multiple of 64)
     rope_base: float = 10000.0
+    norm_eps: float = 1e-6
+    qkv_bias: bool = False  # Qwen2 has biases on q, k and v (never on the output projection)
+    tie_embeddings: bool = True  # the output head reuses the token embedding
+
+    def __post_init__(self):
+        self.n_kv_head = self.n_kv_head or self.n_head
+        self.head_dim = self.head_dim or self.n_embd // self.n_head
+        self.intermediate_size = self.intermediate_size or 64 * math.ceil(8 * self.n_embd / 3 / 64)
+        if self.n_head % self.n_kv_head or self.head_dim % 2:
+            raise ValueError("n_head must be a multiple of n_kv_head, and head_dim even (rotary rotates pairs)")
 
 
 class KVCache:
-    """Preallocated keys and values for every layer, with a length per batch row.
+    """Preallocated keys and values (the key/value heads only) for every layer, with a length per batch row.
 
     The model appends a forward's keys and values at slots lengths[b]..; the
     caller then keeps what it wants with `rollback` (MARS drops the entries of
@@ -35,7 +50,7 @@ class KVCache:
     and never attended."""
 
     def __init__(self, config, batch_size, max_len, dtype, device):
-        shape = (config.n_layer, batch_size, config.n_head, max_len, config.n_embd // config.n_head)
+        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = [0] * batch_size  # host-side: bookkeeping never waits for the device
@@ -86,10 +101,12 @@ class KVCache:
         return self.k[layer, :, :, :n_keys], self.v[layer, :, :, :n_keys]
 
 
-def rotary(positions, head_dim, base):
-    """cos and sin (b or 1, 1, t, head_dim/2) of the rotation angles position * base^(-2i/d)."""
-    dtype = torch.float32 if positions.device.type == "mps" else torch.float64  # exact angles; MPS has no float64
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=dtype) / head_dim)
+def rotary(positions, head_dim, base, dtype):
+    """cos and sin (b or 1, 1, t, head_dim/2) of the angles position * base^(-2i/d).
+
+    Computed in float32 as Hugging Face does (in float64 when the model is: tests check exact identities)."""
+    dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=dtype) / head_dim)
     angles = positions.to(dtype)[..., None] * inv_freq
     if angles.dim() == 2:
         angles = angles[None]
@@ -104,38 +121,68 @@ def apply_rotary(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config):
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
         super().__init__()
-        self.n_head = config.n_head
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
-        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):  # normalise in float32, cast back, then scale (as Qwen2 and Llama do)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = c.n_head, c.n_kv_head, c.head_dim
+        self.q = nn.Linear(c.n_embd, c.n_head * c.head_dim, bias=c.qkv_bias)
+        self.k = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=c.qkv_bias)
+        self.v = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=c.qkv_bias)
+        self.o = nn.Linear(c.n_head * c.head_dim, c.n_embd, bias=False)
 
     def forward(self, x, rope, attn_mask, cache, layer, plan):
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.n_head, c // self.n_head).permute(2, 0, 3, 1, 4)
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # keys are cached rotated
         if cache is not None:
             k, v = cache.update(layer, k, v, *plan)
+        # grouped-query attention: query head h reads key/value head h // (n_head / n_kv_head)
+        gqa = self.n_kv_head != self.n_head
         if attn_mask is None and cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa)
+        return self.o(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.gate = nn.Linear(c.n_embd, c.intermediate_size, bias=False)
+        self.up = nn.Linear(c.n_embd, c.intermediate_size, bias=False)
+        self.down = nn.Linear(c.intermediate_size, c.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.ln1 = nn.LayerNorm(config.n_embd, bias=False)
-        self.attn = CausalSelfAttention(config)
-        self.ln2 = nn.LayerNorm(config.n_embd, bias=False)
-        self.mlp = nn.Sequential(nn.Linear(config.n_embd, 4 * config.n_embd, bias=False), nn.GELU(),
-                                 nn.Linear(4 * config.n_embd, config.n_embd, bias=False))
+        self.norm1 = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = Attention(config)
+        self.norm2 = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
 
     def forward(self, x, rope, attn_mask, cache, layer, plan):
-        x = x + self.attn(self.ln1(x), rope, attn_mask, cache, layer, plan)
-        return x + self.mlp(self.ln2(x))
+        x = x + self.attn(self.norm1(x), rope, attn_mask, cache, layer, plan)
+        return x + self.mlp(self.norm2(x))
 
 
 class GPT(nn.Module):
@@ -144,18 +191,16 @@ class GPT(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=False)
+        self.norm_f = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # weight tying
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2: scale the residual projections by depth
-            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer))
-
-    @staticmethod
-    def _init_weights(module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        for name, p in self.named_parameters():  # GPT-2's init; residual projections scaled by depth
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * config.n_layer) if name.endswith(("o.weight", "down.weight")) else 0.02
+                nn.init.normal_(p, std=std)
 
     def new_cache(self, batch_size, max_len=None):
         p = self.wte.weight
@@ -189,13 +234,13 @@ class GPT(nn.Module):
             positions = torch.arange(t, device=idx.device)
         if attn_mask is not None and attn_mask.dim() == 3 and cache is None:
             attn_mask = attn_mask[:, None]  # broadcast over heads
-        rope = rotary(positions, self.config.n_embd // self.config.n_head, self.config.rope_base)
         x = self.wte(idx)
+        rope = rotary(positions, self.config.head_dim, self.config.rope_base, x.dtype)
         for layer, block in enumerate(self.blocks):
             x = block(x, rope, attn_mask, cache, layer, plan)
         if cache is not None:
             cache.lengths = [n + t for n in cache.lengths]
-        x = self.ln_f(x)
+        x = self.norm_f(x)
         if logits_at is not None:
             x = x[logits_at]
         return self.lm_head(x)

@@ -146,6 +146,7 @@ def decode_step(model, rows, kv, mask_id, *, temperature=0.0, metric="prob", gen
     own = torch.arange(max(n_reads), device=device) < reads  # (rows, n_read): the row's reads, then padding
     logits = flat.new_zeros(len(rows), max(n_reads), flat.shape[-1])
     logits[own] = flat  # row-major order on both sides
+    logits[..., mask_id] = float("-inf")  # a placeholder is never an output
     tokens, conf = mars.choose(logits, temperature, metric, generator)
     return tokens, conf * own
 

@@ -32,7 +32,7 @@ def tiny_config(vocab_size=V):
 def random_model(seed=0, sharp=True):
     """A float64 random GPT. With sharp=True its greedy output is varied (larger
     weights mix the residual stream, so it does not just repeat its input) and
-    confident (ln_f scaled by 10 sharpens every softmax without changing any
+    confident (norm_f scaled by 10 sharpens every softmax without changing any
     argmax), so that MARS acceptance at tau < 1 really commits several tokens."""
     torch.manual_seed(seed)
     m = model.GPT(tiny_config()).double().eval()
@@ -42,7 +42,10 @@ def random_model(seed=0, sharp=True):
                 if p.dim() == 2 and not name.startswith("w"):
                     p.normal_(0, 0.2)
             m.wte.weight.mul_(3)
-            m.ln_f.weight.mul_(10)
+            m.norm_f.weight.mul_(10)
+            # the sampler never emits <|mask|>: keep its (tied) output logit near 0, far below the
+            # argmax, so that references which do not ban it agree with the sampler
+            m.wte.weight[MASK].mul_(0.01)
     return m
 
 
