@@ -131,7 +131,9 @@ def task_sort(rng):
 
 def task_count(rng):
     w = rng.choice(WORDS)
-    letter = rng.choice(w) if rng.random() < 0.8 else rng.choice("abcdefghijklmnopqrstuvwxyz")
+    # letters the word lacks are 40% of the questions: with fewer, stage 1 answered 1 for them
+    absent = [c for c in "abcdefghijklmnopqrstuvwxyz" if c not in w]
+    letter = rng.choice(w) if rng.random() < 0.6 else rng.choice(absent)
     prompt = rng.choice(["How many times does the letter {} appear in {}?",
                          "Count the letter {} in the word {}."]).format(letter, w)
     n = w.count(letter)
@@ -140,6 +142,9 @@ def task_count(rng):
 
 def task_copy(rng):
     words = [rng.choice(SENTENCE_WORDS) for _ in range(rng.randint(3, 6))]
+    if rng.random() < 0.5:  # a repeated word: with few of them, stage 1 copied on from the wrong occurrence
+        i = rng.randrange(1, len(words))
+        words[i] = words[rng.randrange(i)]
     sentence = " ".join(words).capitalize() + "."
     prompt = rng.choice(["Repeat after me: {}", "Copy this sentence: {}", "Say exactly: {}"]).format(sentence)
     return prompt, sentence, sentence
@@ -170,8 +175,8 @@ def task_facts(rng):
 
 # Training examples per family, relative: the families that need precise copying or
 # recall take longer to learn than the template-heavy ones.
-MIX = {"add": 0.9, "multiples": 0.6, "spell": 0.5, "reverse": 1.8, "sort": 1.0, "count": 1.5,
-       "copy": 1.1, "words": 0.6, "convert": 1.4, "facts": 0.6}
+MIX = {"add": 0.9, "multiples": 0.6, "spell": 0.5, "reverse": 1.8, "sort": 1.0, "count": 1.9,
+       "copy": 1.6, "words": 0.6, "convert": 1.4, "facts": 0.6}
 
 # family -> (generator, how to read the final answer out of a response)
 TASKS = {
@@ -329,10 +334,11 @@ class Tokenizer:
         return p + self.encode(response) + [self.eot], len(p)
 
 
-def tokenize(examples, tok, max_seq_len):
-    """[(ids, n_prompt)] for examples that fit the context; the rest are dropped."""
+def tokenize(examples, tok, max_seq_len, multiple=1):
+    """[(ids, n_prompt)] for examples that fit the context once make_batch has padded
+    them to a multiple of `multiple`; the rest are dropped."""
     out = [tok.example_ids(e["prompt"], e["response"]) for e in examples]
-    return [(ids, n) for ids, n in out if len(ids) - 1 <= max_seq_len]
+    return [(ids, n) for ids, n in out if len(ids) + (-len(ids) % multiple) - 1 <= max_seq_len]
 
 
 def make_batch(rows, pad_id, multiple=1):

@@ -91,10 +91,13 @@ def no_sft_weights(b, generator=None, device="cpu", eps=1e-3):
     return (1 / t).to(device)
 
 
-def ar_loss(model, x, y):
-    """Stage 1 (AR SFT): next-token cross-entropy on the response tokens only."""
+def ar_loss(model, x, y, per_sequence=False):
+    """Next-token cross-entropy on the response tokens only: the token mean for stage 1
+    (AR SFT, as the official SFT trainer averages), or with per_sequence the mean of each
+    sequence's mean, exactly the clean term of mars_loss (the like-for-like control)."""
     where = y != -1
-    return F.cross_entropy(model(x, logits_at=where).float(), y[where])
+    ce = F.cross_entropy(model(x, logits_at=where).float(), y[where], reduction="none")
+    return per_sequence_mean(ce, where).mean() if per_sequence else ce.mean()
 
 
 # ---------------------------------------------------------------------------

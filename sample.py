@@ -99,8 +99,11 @@ class Generation:
     tokens: list  # generated ids, <|endoftext|> included when reached
     chunks: list = field(default_factory=list)  # what each forward committed (to the output)
     forwards: int = 0  # forwards that committed something for this row
-    steps: int = 0  # forwards of the batch while this row was in it, waits and cache writes included:
-    #                 the paper's count (its tokens per forward is tokens / steps at batch 1)
+    steps: int = 0  # forwards of the batch while this row was in it, waits and cache writes included
+    #                 (our tokens per forward: len(tokens) / steps, summed over rows)
+    accepted: int = 0  # tokens the decoding rule accepted for this row, before the cut after <|endoftext|> and
+    #                    the budget: the numerator of the official samplers' counter (see `official_tpf`)
+    batch_forwards: int = 0  # forwards of the whole batch (one value for all its rows): that counter's denominator
     seconds: float = 0.0  # wall clock of the whole batch
 
 
@@ -175,17 +178,50 @@ def generate(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="sliding", 
             raise ValueError(f"prompt of {len(p)} tokens does not fit the model's context of {max_seq}")
     if not prompts:
         return []
-    t0 = time.time()
-    kv = None if cache == "none" else model.new_cache(len(prompts), max_seq + 2 * B)
+    t0 = clock(model)
+    kv = None if cache == "none" else model.new_cache(len(prompts), kv_slots(prompts, max_seq, max_new_tokens, B,
+                                                                             cache, cache_block))
     batch = Batch(model, prompts, eot_id, mask_id, kv, max_new_tokens, trace, temperature, metric)
     taus = torch.as_tensor(tau, dtype=torch.float32, device=model.wte.weight.device).expand(len(prompts))
     if cache == "block":
         fill_blocks(batch, B, taus, cache_block, max_accept)
     else:
         slide(batch, B, taus, lossless, max_accept)
+    seconds = clock(model) - t0
     for g in batch.out:
-        g.seconds = time.time() - t0
+        g.seconds, g.batch_forwards = seconds, batch.n_forwards
     return batch.out
+
+
+def official_tpf(batches):
+    """Tokens per forward as the official samplers count it (MARSCachedSampler and MARSBlockCachedSampler,
+    global stats): over every batch, the tokens accepted by all its rows, those past <|endoftext|> in the same
+    forward or block included, divided by the batch's forwards, each forward counted once whatever the batch
+    size. `batches`: one list of Generations per generate call. At batch 1 it differs from ours
+    (len(tokens) / steps) only past <|endoftext|>; at batch b it is about b times ours."""
+    accepted = sum(g.accepted for gens in batches for g in gens)
+    return accepted / max(sum(gens[0].batch_forwards for gens in batches if gens), 1)
+
+
+def clock(model):
+    """time.perf_counter() once the model's device has finished its queued work (CUDA runs asynchronously)."""
+    device = model.wte.weight.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def kv_slots(prompts, max_seq, max_new_tokens, B, cache, cache_block):
+    """KV-cache slots a batch can need: a forward writes its window (padded to the widest row's)
+    after the longest row's cached tokens. A row caches at most its final length - 1 (its prompt plus
+    max_new_tokens, within the context); the widest window is 2B - 1 when sliding (the last step's
+    tokens or the last token and its drafts, then B - 1 masks) and cache_block + 1 with the block cache
+    (the token before the block, then the block). The first forward (whole prompts, nothing cached)
+    fits as well. Sized from the prompts, not the context: a 32k context needs no 32k cache for short
+    prompts."""
+    longest = max(min(len(p) + max_new_tokens, max_seq) for p in prompts)
+    widest = cache_block + 1 if cache == "block" else 2 * B - 1
+    return max_seq + 2 * B  # OLD
 
 
 def slide(batch, B, taus, lossless, max_accept):
@@ -275,6 +311,7 @@ class Batch:
         """Append new tokens to row k, at most what its budget leaves, cut after <|endoftext|>
         unless past_eot (the block cache fills its block). The output stops at <|endoftext|>."""
         i, r, g = self.index[k], self.rows[k], self.out[self.index[k]]
+        g.accepted += len(new)
         new = new[:self.left[i]] if past_eot else through_eot(new[:self.left[i]], self.eot_id)
         self.left[i] -= len(new)
         r.ids += new

@@ -3,10 +3,12 @@ controller that lowers tau when the queue grows.
 
     python serve.py                   # out/mars.pt -> out/serve.json, out/serve.png, a Markdown table
     python serve.py --clock wall      # the same trace against the real clock, as a sanity check
+    python serve.py --http            # an OpenAI-compatible HTTP server and a page on this engine (server.py)
+    python serve.py --http_load       # the trace sent by real HTTP clients, on the wall clock (server.py)
 
-The paper claims that under high load a MARS server "can increase throughput
-on the fly without swapping models or restarting", and never measures it.
-This is that experiment, small enough to run on a laptop:
+The paper claims that under high load a MARS server "can increase throughput on
+the fly without swapping models or restarting", and never measures it. This is
+that experiment, small enough to run on a laptop:
 
 1. The engine: continuous batching (iteration-level scheduling, as in Orca and
    vLLM) around the decoding step every decoder shares (sample.decode_step).
@@ -16,26 +18,24 @@ This is that experiment, small enough to run on a laptop:
    requests leave after it. Each request carries its own tau, read at every
    step. A row at tau = 1.0 commits one token whatever its masks predict, so
    it is fed none: tau = 1.0 costs exactly what AR (B = 1) costs.
-2. The load: an open-loop Poisson trace from a seed, prompts drawn from the
-   held-out set, in three phases of equal length: light (0.5x the tau = 1.0
-   capacity), overload (1.3x), light again ("recovery"). The capacities are
-   measured at start-up (a full queue, on validation prompts).
-3. The policies, all on the same trace: ar (B = 1), tau = 1.0, the lowest
-   tau of --ladder, and adaptive: the smoothed backlog (waiting + running
-   requests) picks a rung of the ladder, with hysteresis. Under load it
-   *lowers* tau (the opposite of speculative decoding, which engines switch
-   off under load): a MARS forward carries its masks anyway, and tau only
-   decides how many of their predictions to keep.
+2. The load: an open-loop Poisson trace from a seed, prompts from the held-out
+   set, in three phases of equal length: light (0.5x the tau = 1.0 capacity),
+   overload (1.3x), light again ("recovery"). The capacities are measured at
+   start-up (a full queue, on validation prompts).
+3. The policies, all on the same trace: ar (B = 1), tau = 1.0, the lowest tau
+   of --ladder, and adaptive: the smoothed backlog (waiting + running requests)
+   picks a rung of the ladder, with hysteresis. Under load it *lowers* tau (the
+   opposite of speculative decoding, which engines switch off under load): a
+   MARS forward carries its masks anyway, and tau only decides how many of
+   their predictions to keep.
 4. The clock is virtual: forwards really run, so acceptance and answers are
-   real, but time advances by a step-cost model t(batch, window width)
-   profiled once at start-up, so that a noisy shared machine does not change
-   the result. Latencies include queueing; answers are checked exactly.
+   real, but time advances by a step-cost model t(batch, window width) profiled
+   once at start-up, so that a noisy shared machine does not change the result.
 
-Why --max_batch 8 here: on a CPU a forward's cost grows with the tokens it
-carries almost at once (README, wall clock), and a joining prompt pads every
-row's window to its length. Measured capacity on the cpu checkpoint (requests/s
-at tau = 1.0 / 0.9, one thread): 107 / 209 at batch 4, 117 / 231 at batch 8,
-100 / 216 at batch 16. A GPU stays cheap per token far longer: use more.
+Why --max_batch 8: on a CPU a forward's cost grows with the tokens it carries
+almost at once, and a joining prompt pads every row's window to its length.
+Capacity on the cpu checkpoint (requests/s at tau = 1.0 / 0.9, one thread):
+107 / 209 at batch 4, 117 / 231 at batch 8, 100 / 216 at batch 16.
 """
 import json
 import os
@@ -51,8 +51,8 @@ import torch
 import data
 import mars
 from eval import machine
-from sample import (Parser, Row, UserError, accepted, decode_step, load_checkpoint, model_from_checkpoint, run_cli,
-                    threshold, through_eot)
+from sample import (Parser, Row, UserError, accepted, decode_step, load_checkpoint, lossless_commit, model_from_checkpoint,
+                    run_cli, threshold, through_eot)
 
 # the trace: (phase, arrival rate as a multiple of the tau = 1.0 capacity), equal durations
 PHASES = (("light", 0.5), ("overload", 1.3), ("recovery", 0.5))
@@ -67,8 +67,12 @@ class Request:
     prompt: list  # ids
     example: dict = None  # the held-out example, for the answer checker
     tau: float = 1.0  # read at every step: a policy may change it mid-request
+    lossless: bool = False  # commit only what AR greedy decoding would (sample.lossless_commit); tau unused
+    max_new_tokens: int = None  # this request's limit (default: the engine's)
+    cancelled: bool = False  # set by anyone (a client hung up): the request leaves before the next forward
     row: Row = None  # the decoding state while running
     tokens: list = field(default_factory=list)  # generated ids, <|endoftext|> included when reached
+    chunks: list = field(default_factory=list)  # what each forward committed
     forwards: int = 0
     tau_sum: float = 0.0  # of the tau of each forward, for the mean
     admitted: float = None
@@ -81,7 +85,8 @@ class Engine:
 
     A request decoded here commits exactly the tokens sample.generate commits
     for it alone at the same tau (greedy): the step is the same, and a row's
-    result does not depend on the other rows of its batch."""
+    result does not depend on the other rows of its batch. The cache is only
+    copied when rows join or leave, never on a step where the batch stays."""
 
     def __init__(self, model, eot_id, mask_id, B, max_batch, max_new_tokens=64):
         self.model, self.eot_id, self.mask_id, self.B = model, eot_id, mask_id, B
@@ -95,10 +100,18 @@ class Engine:
     def backlog(self):
         return len(self.waiting) + len(self.running)
 
+    def evict(self, keep):
+        """Keep running[i] for i in keep, with their cache rows; the others leave."""
+        if len(keep) < len(self.running):
+            self.kv.keep_rows(keep)
+            self.running = [self.running[i] for i in keep]
+
     @torch.inference_mode()
     def step(self, now=0.0):
-        """Admit, one forward, commit, evict. Returns (batch, width, stepped, finished): the
-        forward's shape (what it costs), the requests it stepped, those that left after it."""
+        """Drop the cancelled, admit, one forward, commit, evict. Returns (batch, width, stepped, finished):
+        the forward's shape (what it costs), the requests it stepped, those that left after it."""
+        self.evict([i for i, r in enumerate(self.running) if not r.cancelled])
+        self.waiting = deque(r for r in self.waiting if not r.cancelled)
         if not self.waiting and not self.running:
             return 0, 0, [], []
         admit = min(len(self.waiting), self.max_batch - len(self.running))
@@ -106,31 +119,37 @@ class Engine:
             r = self.waiting.popleft()
             r.row, r.admitted = Row(ids=list(r.prompt)), now
             self.running.append(r)
-        self.kv.add_rows(admit)
+        if admit:
+            self.kv.add_rows(admit)
         stepped = list(self.running)
         rows = [r.row for r in stepped]
         for r in stepped:  # masks only for rows that can use them
-            r.row.n_masks = self.B - 1 if r.tau < 1 else 0
+            r.row.n_masks = self.B - 1 if r.tau < 1 or r.lossless else 0
         tokens, conf = decode_step(self.model, rows, self.kv, self.mask_id)
         width = self.kv.lengths[0] - rows[0].cached  # the cache now holds every row's whole (padded) window
         n = mars.accept(conf, torch.tensor([r.tau for r in stepped], device=conf.device))
 
         keep, finished = [], []
         for i, (r, new) in enumerate(zip(stepped, accepted(n, tokens))):
-            budget = min(self.max_new_tokens - len(r.tokens), self.max_seq - len(r.row.ids))
-            new = through_eot(new[:budget], self.eot_id)
-            r.row.cached = len(r.row.ids)  # the real tokens fed are cached; the new ones lead the next window
-            r.row.ids += new
-            r.tokens += new
+            if r.lossless:  # accepted drafts, then the AR token; the cache keeps the drafts it accepted
+                (new,), (drafts,) = lossless_commit([tokens[i].tolist()], [r.row.drafts], self.B)
+            limit = r.max_new_tokens or self.max_new_tokens
+            budget = min(limit - len(r.tokens), self.max_seq - len(r.row.ids))
+            kept = through_eot(new[:budget], self.eot_id)
+            # the real tokens fed are cached; the new ones lead the next window
+            r.row.cached = len(r.row.ids) + (len(kept) - 1 if r.lossless else 0)
+            r.row.drafts = drafts if r.lossless and kept == new else []
+            r.row.ids += kept
+            r.tokens += kept
+            r.chunks.append(kept)
             r.forwards += 1
             r.tau_sum += r.tau
-            if self.eot_id in new or len(r.tokens) >= self.max_new_tokens or len(r.row.ids) >= self.max_seq:
+            if self.eot_id in kept or len(r.tokens) >= limit or len(r.row.ids) >= self.max_seq:
                 finished.append(r)
             else:
                 keep.append(i)
         self.kv.rollback([r.row.cached for r in stepped])  # drop the masks' keys and values
-        self.kv.keep_rows(keep)
-        self.running = [stepped[i] for i in keep]
+        self.evict(keep)
         return len(stepped), width, stepped, finished
 
 
@@ -318,24 +337,18 @@ def get_args(argv=None):
     p = Parser(__doc__)
     p.add_argument("--ckpt", default="out/mars.pt", help="MARS checkpoint (default out/mars.pt)")
     p.add_argument("--out_dir", default="out", help="where serve.json and serve.png go (default out)")
-    p.add_argument("--max_batch", type=int, default=8,
-                   help="most requests decoded together (default 8: on the 2-core reference CPU it serves the most "
-                        "requests/s both at tau = 1.0 and at low tau; see the top of this file)")
-    p.add_argument("--ladder", type=threshold, nargs="+", default=[1.0, 0.99, 0.95, 0.9],
-                   help="the adaptive policy's tau values, from light to heavy load (default 1.0 0.99 0.95 0.9); "
-                        "the last is also the fixed low-tau policy")
-    p.add_argument("--requests", type=int, default=600,
-                   help="expected requests in the three-phase trace (default 600)")
-    p.add_argument("--sweep", type=float, nargs="+", default=[0.5, 0.8, 1.1, 1.4],
-                   help="steady arrival rates for the second panel, as multiples of the tau = 1.0 capacity "
-                        "(default 0.5 0.8 1.1 1.4)")
+    p.add_argument("--max_batch", type=int, default=8, help="most requests decoded together (default 8: on the 2-core "
+                   "reference CPU it serves the most requests/s both at tau = 1.0 and at low tau; see the top of this file)")
+    p.add_argument("--ladder", type=threshold, nargs="+", default=[1.0, 0.99, 0.95, 0.9], help="the adaptive policy's "
+                   "tau values, from light to heavy load (default 1.0 0.99 0.95 0.9); the last is also the fixed low-tau policy")
+    p.add_argument("--requests", type=int, default=600, help="expected requests in the three-phase trace (default 600)")
+    p.add_argument("--sweep", type=float, nargs="+", default=[0.5, 0.8, 1.1, 1.4], help="steady arrival rates for the "
+                   "second panel, as multiples of the tau = 1.0 capacity (default 0.5 0.8 1.1 1.4)")
     p.add_argument("--sweep_requests", type=int, default=120, help="expected requests per sweep rate (default 120)")
-    p.add_argument("--slo", type=float, default=None,
-                   help="latency SLO in seconds for goodput (default 3x the median service time of a request "
-                        "in a full tau = 1.0 batch, measured at start-up)")
-    p.add_argument("--clock", choices=["virtual", "wall"], default="virtual",
-                   help="virtual (default): time advances by a step-cost model profiled at start-up, reproducible; "
-                        "wall: the real clock, as a sanity check")
+    p.add_argument("--slo", type=float, default=None, help="latency SLO in seconds for goodput (default 3x the median "
+                   "service time of a request in a full tau = 1.0 batch, measured at start-up)")
+    p.add_argument("--clock", choices=["virtual", "wall"], default="virtual", help="virtual (default): time advances by "
+                   "a step-cost model profiled at start-up, reproducible; wall: the real clock, as a sanity check")
     p.add_argument("--max_new_tokens", type=int, default=64, help="stop a response after this many tokens (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival trace and its prompts (default 0)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")

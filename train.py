@@ -3,7 +3,7 @@
     python train.py                       # both stages with the default preset
     python train.py --preset tiny         # seconds, for tests
     python train.py --stage mars --init_from out/ar.pt
-    python train.py --stage control       # the control: stage 1 trained on with the AR loss alone
+    python train.py --stage control       # the control: stage 2 without its noisy stream
     torchrun --standalone --nproc_per_node=2 train.py --preset tiny   # data parallel
 
 Writes <out_dir>/ar.pt and mars.pt (control.pt with --stage control; self-contained: weights, model config,
@@ -47,7 +47,8 @@ def get_args(argv=None):
                                                       "~20 min), gpu (one GPU); default gpu with CUDA, else cpu")
     p.add_argument("--stage", choices=["ar", "mars", "all", "control"], default="all",
                    help="ar: stage 1 (AR SFT); mars: stage 2 from --init_from; all: both (default); control: "
-                        "--init_from trained on with the AR loss alone, as long as stage 2 (control.pt)")
+                        "stage 2 without its noisy stream: --init_from trained on the clean (AR) term alone, "
+                        "same per-sequence mean, padding, batches and schedule (control.pt)")
     p.add_argument("--init_from", help="stage-1 checkpoint for stage 2 or the control (default <out_dir>/ar.pt)")
     p.add_argument("--out_dir", default="out", help="where checkpoints, logs and plots go (default out)")
     p.add_argument("--data", help="your own instruction data: JSONL of {prompt, response} or {messages}")
@@ -109,6 +110,11 @@ def get_args(argv=None):
 # ---------------------------------------------------------------------------
 # Checkpoints: atomic (temp file + rename), plain types, weights_only loadable
 
+def stage2_flags(args):
+    """What a MARS checkpoint records of its stage-2 flags (and --resume checks)."""
+    return {"B": args.block_size, "ar_weight": args.ar_weight, "no_sft": args.no_sft, "block_offset": args.block_offset}
+
+
 def save_checkpoint(path, ckpt):
     torch.save(ckpt, path + ".tmp")
     os.replace(path + ".tmp", path)
@@ -143,9 +149,11 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
     master = rank == 0
     iters, peak_lr = (args.ar_iters, args.lr) if stage == "ar" else (args.mars_iters, args.mars_lr)
     is_mars = stage == "mars"
+    # stage 2 and the control pad every sequence with <|endoftext|> to a multiple of B, as the paper does
+    multiple = 1 if stage == "ar" else args.block_size
     path = os.path.join(args.out_dir, f"{stage}.pt")
-    train_rows = data.tokenize(splits["train"], tok, args.max_seq_len)
-    val_rows = data.tokenize(splits["val"], tok, args.max_seq_len)[:256]
+    train_rows = data.tokenize(splits["train"], tok, args.max_seq_len, multiple)
+    val_rows = data.tokenize(splits["val"], tok, args.max_seq_len, multiple)[:256]
     if not train_rows:
         raise UserError(f"no training example fits --max_seq_len {args.max_seq_len}")
 
@@ -154,19 +162,23 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
         raise UserError(f"--batch_size {args.batch_size} is not a multiple of --micro_batch {micro} x {world} processes")
     accum = args.batch_size // (micro * world)
 
-    def loss_fn(m, x, y, rng):
-        """The stage's loss and what to log; rng draws the MARS block offset and the --no_sft weights."""
-        if not is_mars:  # stage 1 and the control: AR SFT
-            loss = mars.ar_loss(m, x, y)
-            return loss, {"loss": loss}
+    def draws(rng, n):
+        """A step's random draws, for its n sequences: the MARS block offset, and the --no_sft
+        weights (1/t per sequence: drawn for the global batch, so each process takes its own)."""
         offset = int(torch.randint(args.block_size, (1,), generator=rng)) if args.block_offset == "random" else 0
-        # --no_sft: random 1/t weights in training; validation reports the plain noisy loss
-        weight = mars.no_sft_weights(len(x), rng, x.device) if args.no_sft and m.training else None
+        return offset, mars.no_sft_weights(n, rng, device) if args.no_sft else None
+
+    def loss_fn(m, x, y, offset=0, weight=None):
+        """The stage's loss and what to log. The control is MARS without its noisy stream: the
+        clean term alone, with the same per-sequence mean, padding, batches and schedule."""
+        if not is_mars:
+            loss = mars.ar_loss(m, x, y, per_sequence=stage == "control")
+            return loss, {"loss": loss}
         loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, args.block_size, args.ar_weight, offset, weight)
         return loss, {"loss": loss, "noisy": noisy, "clean": clean}
 
-    def batch(rows):  # MARS pads each sequence with <|endoftext|> to a multiple of B, as the paper does
-        x, y = data.make_batch(rows, tok.eot, args.block_size if is_mars else 1)
+    def batch(rows):
+        x, y = data.make_batch(rows, tok.eot, multiple)
         return x.to(device), y.to(device)
 
     groups = [{"params": [p for p in model.parameters() if p.dim() == d], "weight_decay": wd}  # decay matrices only
@@ -188,8 +200,9 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
                 "train_config": vars(args), "stage": stage, "iter": it, "done": done,
                 "optimizer": optimizer.state_dict(), "order_rng": order.get_state(), "history": history}
         if is_mars:
-            ckpt["mars"] = {"B": args.block_size, "ar_weight": args.ar_weight, "no_sft": args.no_sft,
-                            "block_offset": args.block_offset}
+            ckpt["mars"] = stage2_flags(args)
+        elif stage == "control":
+            ckpt["control"] = {"B": args.block_size}
         if master:
             save_checkpoint(path, ckpt)
 
@@ -198,8 +211,8 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
         model.eval()
         sums, rng = {}, torch.Generator().manual_seed(1234)
         for i in range(0, len(val_rows), micro):
-            with amp:
-                _, parts = loss_fn(model, *batch(val_rows[i:i + micro]), rng)
+            with amp:  # --no_sft: validation reports the plain (unweighted) noisy loss
+                _, parts = loss_fn(model, *batch(val_rows[i:i + micro]), draws(rng, 1)[0])
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + v.item()
         model.train()
@@ -216,15 +229,18 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
             # every process draws the same global batch, then takes its own share
             drawn = torch.randint(len(train_rows), (args.batch_size,), generator=order).tolist()
             step_rng = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=order)))
-            mine = drawn[rank * micro * accum:(rank + 1) * micro * accum]
+            offset, weights = draws(step_rng, args.batch_size)
+            first = rank * micro * accum
+            mine = drawn[first:first + micro * accum]
             logged = {}
             for a in range(accum):
                 x, y = batch([train_rows[i] for i in mine[a * micro:(a + 1) * micro]])
+                weight = None if weights is None else weights[first + a * micro:first + (a + 1) * micro]
                 tokens_seen += x.numel() * world
                 if world > 1:
                     run.require_backward_grad_sync = a == accum - 1
                 with amp:
-                    loss, parts = loss_fn(run, x, y, step_rng)
+                    loss, parts = loss_fn(run, x, y, offset, weight)
                 (loss / accum).backward()
                 for k, v in parts.items():
                     logged[k] = logged.get(k, 0.0) + v.item() / accum
@@ -236,7 +252,7 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-            record = {"iter": it + 1, "lr": lr, **logged}
+            record = {"iter": it + 1, "lr": lr, **logged, "elapsed_s": round(time.time() - t0, 2)}
             last = it + 1 == iters
             if (it + 1) % args.eval_every == 0 or last:
                 record.update(val_losses())
@@ -244,7 +260,7 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
             if master and ((it + 1) % max(10, iters // 50) == 0 or last or "val_loss" in record):
                 elapsed = time.time() - t0
                 eta = elapsed / (it + 1 - start) * (iters - it - 1)
-                parts = " ".join(f"{k} {v:.3f}" for k, v in record.items() if k not in ("iter", "lr"))
+                parts = " ".join(f"{k} {v:.3f}" for k, v in record.items() if k not in ("iter", "lr", "elapsed_s"))
                 print(f"{stage} {it + 1}/{iters} | {parts} | lr {lr:.2e} | "
                       f"{tokens_seen / (time.time() - t_last):,.0f} tok/s | ETA {eta / 60:.1f} min", flush=True)
                 tokens_seen, t_last = 0, time.time()
@@ -305,6 +321,12 @@ def main(argv=None):
                     stages = stages[stages.index(stage) + 1:]
                     say(f"resuming: stage {stage} is complete in {path}" + ("" if stages else "; nothing to do"))
                 else:
+                    saved = ckpt.get("mars") or ckpt.get("control") or {}
+                    now = stage2_flags(args)
+                    changed = [f"{k} {saved[k]} -> {now[k]}" for k in saved if saved[k] != now[k]]
+                    if changed:
+                        raise UserError(f"--resume with changed stage-2 flags ({', '.join(changed)}); rerun with the "
+                                        f"flags of {path}, or start a new --out_dir")
                     stages = stages[stages.index(stage):]
                     resume_state[stage] = ckpt
                     say(f"resuming stage {stage} at step {ckpt['iter']} from {path}")

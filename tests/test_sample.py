@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import mars
+import model as model_lib
 import sample
 from conftest import EOT, MASK, random_model, random_prompts
 
@@ -278,6 +279,62 @@ def test_context_limit(m):
     assert gen(m, [long], B=4, lossless=True, max_new_tokens=N)[0].tokens == ar
     with pytest.raises(ValueError):
         gen(m, [random_prompts((64,))[0]])
+
+
+class CacheHighWater:
+    """Wraps model.KVCache.write_plan: records each cached forward's need (longest cached row + window width)."""
+
+    def __init__(self, monkeypatch):
+        self.needs, plan = [], model_lib.KVCache.write_plan
+
+        def spy(kv, t, device):
+            self.needs.append((max(kv.lengths) + t, kv.max_len))
+            return plan(kv, t, device)
+        monkeypatch.setattr(model_lib.KVCache, "write_plan", spy)
+
+
+def test_ragged_batches_near_the_context_limit_fit_the_kv_cache(m, monkeypatch):
+    """A block-cache window is up to cache_block + 1 wide and is padded across rows, so a row near the context
+    limit next to a short row at a block start needs its cached prefix plus the widest window: a 58- and a
+    4-token prompt at cache_block 16 overflowed a cache of max_seq_len + 2B (73 > 72 slots)."""
+    spy = CacheHighWater(monkeypatch)
+    long, short = random_prompts((58, 4), seed=3)
+    alone = [gen(m, [p], B=4, tau=0.3, cache="block", cache_block=16)[0].tokens for p in (long, short)]
+    assert toks(gen(m, [long, short], B=4, tau=0.3, cache="block", cache_block=16)) == alone
+    assert max(need for need, _ in spy.needs) > 64 + 2 * 4  # the old sizing could not hold it
+    # every decoder, ragged batches of long and short prompts, up to the context
+    prompts = random_prompts((60, 3, 41, 1, 57, 63, 9), seed=6)
+    for kw in (dict(B=1), dict(B=8, tau=0.3), dict(B=4, lossless=True), dict(B=4, tau=0.3, cache="block", cache_block=4),
+               dict(B=8, tau=0.3, cache="block", cache_block=16), dict(B=1, cache="block", cache_block=32)):
+        for n in (2, N):
+            gens = gen(m, prompts, max_new_tokens=n, **kw)
+            assert all(len(p) + len(g.tokens) <= 64 for p, g in zip(prompts, gens))
+    assert all(need <= slots for need, slots in spy.needs)
+    # sized from the prompts, not from the context alone: short prompts get a short cache
+    assert sample.kv_slots([[1] * 5], 32768, 64, 4, "sliding", 16) == 5 + 64 - 1 + 7
+    assert sample.kv_slots([[1] * 5, [1] * 60], 64, 40, 4, "block", 16) == 64 - 1 + 17
+
+
+def test_official_tokens_per_forward_counter(m):
+    """The official samplers' counter: per batch, the tokens every row accepted (those past <|endoftext|> in
+    the same forward included) over the batch's forwards, each counted once."""
+    trace = []
+    gens = gen(m, B=4, tau=0.5, trace=trace)
+    assert {g.batch_forwards for g in gens} == {max(g.steps for g in gens)}  # rows leave; the batch runs on
+    for i, g in enumerate(gens):  # accepted = what mars.accept took at each of the row's forwards
+        confs = [e["conf"] for e in trace if e["row"] == i]
+        n = [mars.accept(torch.tensor([c]), 0.5).item() for c in confs]
+        assert g.accepted == sum(n) >= len(g.tokens)
+    assert sample.official_tpf([gens]) == sum(g.accepted for g in gens) / gens[0].batch_forwards
+    alone = [gen(m, [p], B=4, tau=0.5) for p in PROMPTS]
+    assert sample.official_tpf(alone) == sum(g[0].accepted for g in alone) / sum(g[0].steps for g in alone)
+    # past <|endoftext|>: pretend a token inside a multi-token chunk is the end; the rest of that chunk counts
+    full = gen(m, [PROMPTS[1]], B=4, tau=0.3)[0]
+    ends = [sum(map(len, full.chunks[:k + 1])) for k in range(len(full.chunks))]  # chunk k ends before ends[k]
+    i = next(i for i in range(len(full.tokens)) if full.tokens.index(full.tokens[i]) == i and i + 1 not in ends)
+    cut = sample.generate(m, [PROMPTS[1]], full.tokens[i], MASK, B=4, tau=0.3, max_new_tokens=N)[0]
+    assert cut.tokens == full.tokens[:i + 1]
+    assert cut.accepted == next(e for e in ends if e > i) > len(cut.tokens)
 
 
 def test_bad_arguments(m):
