@@ -3,6 +3,7 @@
     python eval.py                                  # out/ar.pt, out/mars.pt (+ out/control.pt) -> out/
     python eval.py --ckpt out/mars.pt out/b8.pt     # a Pareto curve per MARS checkpoint
     python eval.py --limit 200 --repeats 2          # a quick look
+    python eval.py --ckpt DIR_or.pt --data gsm8k_test.jsonl   # your JSONL: accuracy, tokens/forward (section 4)
 
 Writes eval.json, pareto.png and metrics.png to --out_dir and prints the tables as Markdown.
 
@@ -11,7 +12,13 @@ Writes eval.json, pareto.png and metrics.png to --out_dir and prints the tables 
    as stage 2; beyond the paper, used when its checkpoint exists), MARS at
    tau = 1.0, over a threshold sweep, and lossless. Every accuracy comes with
    a 95% Wilson interval; MARS at tau = 1.0 is compared with AR SFT and with
-   the control on the same prompts (paired difference, exact McNemar test).
+   the control on the same prompts (paired difference with Newcombe's interval,
+   exact McNemar test). Lossless and tau = 1.0 are checked token for token
+   against the MARS checkpoint decoded as AR (--ar); accuracy and tokens per
+   forward are also given per task family and per answer length, which is
+   where MARS pays or does not. Tokens per forward is ours (output tokens over
+   each row's forwards) with the official samplers' counter beside it in
+   eval.json (see FIELDS).
 2. Ablations (paper Table 3, Figures 5 and 7): a threshold sweep per MARS
    checkpoint, drawn as one Pareto plot (pareto.png), and on the first
    checkpoint the confidence metrics prob, entropy and margin (metrics.png).
@@ -21,6 +28,11 @@ Writes eval.json, pareto.png and metrics.png to --out_dir and prints the tables 
    cache and lossless at batch 1. AR and the decoder alternate batch by batch
    (AR, X, AR, X, ...), so that a slow spell of the machine hits both; the
    speedup is the median over repeats of the ratio of their rates [min, max].
+4. Your own JSONL (--data): one checkpoint (ours or a Hugging Face directory) on every record
+   of a file of {prompt, answer} (GSM8K's {question, answer "... #### 72"} too) or {prompt,
+   response}: accuracy and tokens per forward at tau = 1.0 and a short sweep, nothing else.
+   A numeric answer is scored as the paper's GSM8K chain of thought is (data.final_number: the
+   number after "The answer is", else the last number), any other answer exactly.
 """
 import json
 import math
@@ -33,7 +45,7 @@ import torch
 
 import data
 import mars
-from sample import Parser, UserError, generate, load_checkpoint, model_from_checkpoint, run_cli
+from sample import Parser, UserError, generate, load_checkpoint, model_from_checkpoint, official_tpf, run_cli
 
 Z95 = statistics.NormalDist().inv_cdf(0.975)  # 1.96
 
@@ -41,6 +53,23 @@ Z95 = statistics.NormalDist().inv_cdf(0.975)  # 1.96
 PAPER_TABLE5 = ("paper (Qwen2.5-7B, one H200, GSM8K, tau = 0.95): block cache 1.71x at batch 4 (B_cache 32), "
                 "1.60x at batch 8 (B_cache 32), 1.34x at batch 16 (B_cache 16); "
                 "without cache 0.90x / 0.49x / 0.23x at batch 4 / 8 / 16")
+
+# What the less obvious fields of eval.json mean (written into it as "fields").
+FIELDS = {
+    "tokens_per_forward": "ours: output tokens (through the first <|endoftext|>) summed over the prompts, divided "
+                          "by the forwards each prompt's row took part in (waits and block writes of the block cache "
+                          "included), summed over the prompts; independent of the batch size for the sliding cache",
+    "tokens_per_forward_official": "the official samplers' counter (MARSCachedSampler, MARSBlockCachedSampler): per "
+                                   "batch, the tokens every row accepted, those past <|endoftext|> in the same "
+                                   "forward or block included, over the batch's forwards, each counted once, summed "
+                                   "over batches; about batch_size times ours",
+    "batch_size": "prompts decoded together in that row (quality rows: 64; speed rows: their batch)",
+    "per_length": "the same figures per answer length: the reference response's tokens, <|endoftext|> included",
+    "paired.ci": "Newcombe's hybrid score interval for paired proportions (method 10), 95%",
+    "identical_to_ar": "prompts whose output differs, token for token, from the MARS checkpoint decoded as AR",
+    "speedup": "median over repeats of (decoder's tokens/s) / (AR's tokens/s), both over one pass of the speed "
+               "prompts, batch by batch alternating; speedup_spread is [min, max], the lists are *_repeats",
+}
 
 # ---------------------------------------------------------------------------
 # Statistics: a 95% interval for an accuracy, and for the difference of two
@@ -64,44 +93,93 @@ def mcnemar_p(b, c):
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
 
 
+def newcombe_paired(both, a_only, b_only, neither, z=Z95):
+    """95% interval for p_a - p_b from a paired 2x2 table: Newcombe's hybrid score interval for paired
+    proportions (Newcombe 1998, Statistics in Medicine 17:2635, method 10; the "square-and-add" interval of
+    Fagerland, Lydersen and Laake, Statistical Analysis of Contingency Tables, ch. 8). Each accuracy gets its
+    Wilson interval [l, u]; the two distances from the estimates are combined as for a difference, corrected by
+    phi, the correlation of the two accuracies over the prompts (shrunk towards 0 when positive). Unlike the
+    Wald interval from the discordant pairs it does not collapse to [0, 0] when there are none, and it stays
+    inside [-1, 1]."""
+    n = both + a_only + b_only + neither
+    p1, p2 = (both + a_only) / n, (both + b_only) / n
+    (l1, u1), (l2, u2) = wilson(both + a_only, n, z), wilson(both + b_only, n, z)
+    margins = (both + a_only) * (b_only + neither) * (both + b_only) * (a_only + neither)
+    cross = both * neither - a_only * b_only
+    cross = cross - n / 2 if cross > n / 2 else min(cross, 0)
+    phi = cross / math.sqrt(margins) if margins else 0.0
+    d = p1 - p2
+    lo = d - math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0))
+    hi = d + math.sqrt(max((p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2, 0))
+    return [lo, hi]
+
+
 def paired(a, b, z=Z95):
     """Accuracy of a minus accuracy of b (per-prompt 0/1 lists, same prompts):
-    the difference, its 95% (Wald) interval from the discordant pairs, McNemar's p."""
+    the difference, its 95% interval (Newcombe's, `newcombe_paired`), McNemar's p."""
     n = len(a)
     a_only = sum(x > y for x, y in zip(a, b))
     b_only = sum(y > x for x, y in zip(a, b))
-    d = (a_only - b_only) / n
-    se = math.sqrt(max(a_only + b_only - n * d * d, 0)) / n
-    return {"diff": d, "ci": [d - z * se, d + z * se], "p_value": mcnemar_p(a_only, b_only),
-            "a_only": a_only, "b_only": b_only, "n": n}
+    both = sum(x and y for x, y in zip(a, b))
+    return {"diff": (a_only - b_only) / n, "ci": newcombe_paired(both, a_only, b_only, n - both - a_only - b_only, z),
+            "p_value": mcnemar_p(a_only, b_only), "a_only": a_only, "b_only": b_only, "n": n}
 
 
 # ---------------------------------------------------------------------------
 # Quality
 
 
+LENGTH_BUCKETS = ((1, 4), (5, 8), (9, 16), (17, None))  # answer tokens: short answers leave little to guess ahead
+
+
+def length_bucket(n):
+    lo, hi = next((lo, hi) for lo, hi in LENGTH_BUCKETS if hi is None or n <= hi)
+    return f"{lo}-{hi}" if hi else f"{lo}+"
+
+
 def score(model, tok, examples, batch_size=64, **decode):
-    """Exact-answer accuracy (with its 95% interval) and tokens per forward, overall
-    and per task family, and "correct": one 0/1 per example, in order, for pairing.
+    """Exact-answer accuracy (with its 95% interval) and tokens per forward, overall, per task family and
+    per answer length; "correct" (one 0/1 per example, in order) and "outputs" (the generated ids) for pairing.
+
+    tokens_per_forward (ours): output tokens (through the first <|endoftext|>) summed over the prompts,
+    divided by the forwards each prompt's row took part in (Generation.steps: the block cache's waits and
+    writes included), summed over the prompts. It does not depend on the batch size for the sliding cache
+    and no cache (a row's forwards are its own), and it is defined for any subset of the prompts.
+    tokens_per_forward_official: the official samplers' counter (sample.official_tpf) at this batch size:
+    accepted tokens of all rows, those past <|endoftext|> in the same forward included, over the batches'
+    forwards, each counted once. It is about batch_size times ours; at batch 1 it equals ours but for the
+    tokens past <|endoftext|>. answer_tokens of a prompt: its reference response in tokens, the closing
+    <|endoftext|> included (what AR decoding needs forwards for).
 
     `decode` goes to sample.generate (B, tau, cache, lossless, metric, ...)."""
-    correct, tokens, forwards = [], [], []
+    correct, tokens, forwards, outputs, batches = [], [], [], [], []
     for i in range(0, len(examples), batch_size):
         batch = examples[i:i + batch_size]
         gens = generate(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask, **decode)
+        batches.append(gens)
         for e, g in zip(batch, gens):
             correct.append(int(data.check(e, tok.decode([t for t in g.tokens if t != tok.eot]))))
             tokens.append(len(g.tokens))
-            forwards.append(g.steps)  # every forward the row took part in: the paper's count
+            forwards.append(g.steps)
+            outputs.append(g.tokens)
 
     def summarise(rows):
         k = sum(correct[i] for i in rows)
+        n_tokens, n_forwards = sum(tokens[i] for i in rows), sum(forwards[i] for i in rows)
         return {"accuracy": k / len(rows), "ci": wilson(k, len(rows)),
-                "tokens_per_forward": sum(tokens[i] for i in rows) / max(sum(forwards[i] for i in rows), 1),
+                "tokens_per_forward": n_tokens / max(n_forwards, 1), "tokens": n_tokens, "forwards": n_forwards,
                 "n": len(rows)}
     families = sorted({e["task"] for e in examples})
     per_task = {f: summarise([i for i, e in enumerate(examples) if e["task"] == f]) for f in families}
-    return {**summarise(range(len(examples))), "per_task": per_task, "correct": correct}
+    lengths = [length_bucket(len(tok.encode(e["response"])) + 1) if "response" in e else None for e in examples]
+    per_length = {}
+    for bucket in (length_bucket(lo) for lo, _ in LENGTH_BUCKETS):
+        rows = [i for i, x in enumerate(lengths) if x == bucket]
+        if rows:
+            per_length[bucket] = summarise(rows)
+    return {**summarise(range(len(examples))), "tokens_per_forward_official": official_tpf(batches),
+            "batch_size": batch_size, "per_task": per_task, "per_length": per_length, "correct": correct,
+            "outputs": outputs}
 
 
 def label(ckpt):
@@ -126,24 +204,34 @@ def against_ar(ar, x, prompts, batch_size, repeats):
 
     Batch by batch, AR decodes the prompts and then x decodes the same ones, so
     both see the same moment of a machine whose speed drifts; one pass over all
-    prompts is a repeat, the first a warm-up. Returns x's row and AR's rates."""
+    prompts is a repeat, the first a warm-up. Returns x's row, AR's rates and AR's official counter.
+
+    A repeat's rate is its output tokens over its seconds (sample.generate's clock, which waits for
+    the device), summed over the batches of the pass; the repeat's ratio is x's rate over AR's. The
+    speedup is the median of the per-repeat ratios, speedup_spread their [min, max]; the lists are in
+    the row. tokens_per_forward (ours) and tokens_per_forward_official come from the same timed
+    passes (greedy decoding commits the same tokens in every pass), so every figure of a row is one
+    measurement."""
     ids = [[t.prompt_ids(p) for p in prompts] for _, t, _ in (ar, x)]
     ar_rates, rates, ratios = [], [], []
     for r in range(repeats + 1):
-        tokens, forwards, seconds = [0, 0], [0, 0], [0.0, 0.0]
+        tokens, forwards, seconds, batches = [0, 0], [0, 0], [0.0, 0.0], ([], [])
         for i in range(0, len(prompts), batch_size):
             for k, (m, t, decode) in enumerate((ar, x)):
                 gens = generate(m, ids[k][i:i + batch_size], t.eot, t.mask, **decode)
                 tokens[k] += sum(len(g.tokens) for g in gens)
                 forwards[k] += sum(g.steps for g in gens)
                 seconds[k] += gens[0].seconds
+                batches[k].append(gens)
         if r > 0:
             ar_rates.append(tokens[0] / seconds[0])
             rates.append(tokens[1] / seconds[1])
             ratios.append(rates[-1] / ar_rates[-1])
     row = {"tokens_per_second": statistics.median(rates), "tokens_per_forward": tokens[1] / forwards[1],
-           "speedup": statistics.median(ratios), "speedup_spread": [min(ratios), max(ratios)]}
-    return row, ar_rates
+           "tokens_per_forward_official": official_tpf(batches[1]), "speedup": statistics.median(ratios),
+           "speedup_spread": [min(ratios), max(ratios)], "speedup_repeats": ratios, "tokens_per_second_repeats": rates,
+           "ar_tokens_per_second_repeats": ar_rates}
+    return row, ar_rates, official_tpf(batches[0])
 
 
 def wall_clock(ar, mars_model, B, prompts, args):
@@ -159,8 +247,8 @@ def wall_clock(ar, mars_model, B, prompts, args):
             decoders += [(None, "lossless", dict(lossless=True), None)]
         ar_rates, rows = [], []
         for tau, name, decode, cb in decoders:
-            r, a = against_ar((*ar, dict(B=1)), (*mars_model, dict(B=B, tau=tau or 1.0, **decode)),
-                              prompts, bs, args.repeats)
+            r, a, ar_official = against_ar((*ar, dict(B=1)), (*mars_model, dict(B=B, tau=tau or 1.0, **decode)),
+                                           prompts, bs, args.repeats)
             ar_rates += a
             rows.append({"decoder": name, "batch_size": bs, "threshold": tau, "cache_block": cb, **r})
             print(f"  {name:12s} batch {bs:2d} tau {tau} cache_block {cb}: {r['tokens_per_second']:7.1f} tokens/s, "
@@ -169,7 +257,7 @@ def wall_clock(ar, mars_model, B, prompts, args):
         # AR's own row: its spread is its rates' range over their median, the noise every ratio above sits in
         med = statistics.median(ar_rates)
         speed += [{"decoder": "ar", "batch_size": bs, "threshold": None, "cache_block": None, "tokens_per_second": med,
-                   "tokens_per_forward": 1.0, "speedup": 1.0,
+                   "tokens_per_forward": 1.0, "tokens_per_forward_official": ar_official, "speedup": 1.0,
                    "speedup_spread": [min(ar_rates) / med, max(ar_rates) / med]}] + rows
     return speed
 
@@ -202,7 +290,8 @@ def summary(out_dir, test, device):
         lo, hi = r["ci"]
         print(f"| {name} | {100 * r['accuracy']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f}) | {r['tokens_per_forward']:.2f} |")
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump([{"model": n, "threshold": t, **{k: v for k, v in r.items() if k != "correct"}} for n, t, r in rows],
+        json.dump([{"model": n, "threshold": t, **{k: v for k, v in r.items() if k not in ("correct", "outputs")}}
+                   for n, t, r in rows],
                   f, indent=1)
 
 
@@ -217,7 +306,11 @@ def get_args(argv=None):
                         "default control.pt beside --ar_ckpt, skipped when that file does not exist")
     p.add_argument("--out_dir", default="out", help="where eval.json, pareto.png and metrics.png go (default out)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N held-out prompts (default all)")
-    p.add_argument("--thresholds", type=float, nargs="+", default=[0.99, 0.98, 0.95, 0.9, 0.8, 0.7, 0.5],
+    p.add_argument("--data", help="score --ckpt's first checkpoint on your JSONL of {prompt, answer} or {prompt, "
+                                  "response} (e.g. GSM8K) at tau = 1.0 and --thresholds (default 0.95 0.9) only")
+    p.add_argument("--max_new_tokens", type=int, default=256, help="with --data: the answer's budget (default 256, "
+                                                                   "the paper's)")
+    p.add_argument("--thresholds", type=float, nargs="+", default=None,
                    help="the tau sweep of the quality tables, for every checkpoint and metric "
                         "(default 0.99 0.98 0.95 0.9 0.8 0.7 0.5; 1.0 is always included)")
     p.add_argument("--speed_thresholds", type=float, nargs="+", default=[0.95, 0.9],
@@ -232,6 +325,7 @@ def get_args(argv=None):
                    help="B_cache values of the block-cache rows (default 4 8 16 32)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
     args = p.parse_args(argv)
+    args.thresholds = args.thresholds or ([0.95, 0.9] if args.data else [0.99, 0.98, 0.95, 0.9, 0.8, 0.7, 0.5])
     if any(not 0 < t <= 1 for t in args.thresholds + args.speed_thresholds):
         p.error("thresholds must be in (0, 1]")
     if min([args.speed_prompts, args.repeats] + args.batch_sizes + args.cache_blocks + [args.limit or 1]) < 1:
@@ -242,6 +336,8 @@ def get_args(argv=None):
 
 def main(argv=None):
     args = get_args(argv)
+    if args.data:
+        return score_jsonl(args)
     control_path = args.control_ckpt or os.path.join(os.path.dirname(args.ar_ckpt), "control.pt")
     if args.control_ckpt is None and not os.path.isfile(control_path):
         control_path = None  # the default control is optional; one asked for by name must exist
@@ -284,6 +380,13 @@ def main(argv=None):
         quality.append(row("control", None, *control, B=1))
     sweep = [row("mars", tau, model, tok, B=B, tau=tau) for tau in taus]
     quality += sweep + [row("lossless", None, model, tok, B=B, lossless=True)]
+    # lossless and tau = 1.0 against `sample.py --ar` on the same checkpoint (B = 1), token for token
+    print("  the MARS checkpoint decoded as AR (B = 1), the reference of lossless", file=sys.stderr, flush=True)
+    as_ar = score(model, tok, test, B=1)["outputs"]
+    outputs = {(q["decoder"], q["threshold"]): q["outputs"] for q in quality}
+    identity = {"reference": "the first MARS checkpoint decoded as AR (sample.py --ar: B = 1, greedy, sliding cache)",
+                "n": len(test), **{f"{name}_differ": sum(a != b for a, b in zip(outputs[key], as_ar))
+                                   for name, key in (("lossless", ("lossless", None)), ("tau1", ("mars", 1.0)))}}
     correct = {(q["decoder"], q["threshold"]): q["correct"] for q in quality}
     mars1 = correct[("mars", 1.0)]
     paired_rows = [{"a": "MARS tau=1.0", "b": "AR SFT", **paired(mars1, correct[("ar", None)])}]
@@ -325,13 +428,45 @@ def main(argv=None):
 
     for q in quality + [r for a in ablations for r in a["sweep"]] + [r for v in metrics.values() for r in v]:
         q.pop("correct", None)  # per-prompt lists served the pairing; the JSON keeps the summaries
-    result = {"quality": quality, "paired": paired_rows, "ablations": ablations, "metrics": metrics,
+        q.pop("outputs", None)
+    result = {"quality": quality, "paired": paired_rows, "identical_to_ar": identity,
+              "fields": FIELDS, "ablations": ablations, "metrics": metrics,
               "entropy_note": entropy_note, "speed": speed, "paper_table5": PAPER_TABLE5, "machine": machine(),
               "device": args.device, "B": B, "ar_ckpt": args.ar_ckpt, "ckpt": args.ckpt, "control_ckpt": control_path,
               "n_test": len(test), "speed_prompts": len(prompts), "repeats": args.repeats}
     with open(os.path.join(args.out_dir, "eval.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(markdown(result))
+
+
+def score_jsonl(args):
+    """Section 4: the first --ckpt on every record of --data, at tau = 1.0 and --thresholds (a MARS
+    checkpoint; an AR one at tau = 1.0 only) -> <out_dir>/eval_data.json and a Markdown table."""
+    ckpt = load_checkpoint(args.ckpt[0], args.device)
+    model, tok = model_from_checkpoint(ckpt, args.device)
+    model.eval()
+    examples = data.read_jsonl(args.data)[:args.limit]
+    if not examples:
+        raise UserError(f"{args.data}: no records")
+    B = ckpt["mars"]["B"] if "mars" in ckpt else 1
+    taus = [1.0] + (sorted(set(args.thresholds) - {1.0}, reverse=True) if B > 1 else [])
+    rows = []
+    print(f"{args.ckpt[0]} on {len(examples)} records of {args.data} (B = {B})", file=sys.stderr)
+    for tau in taus:
+        r = score(model, tok, examples, B=B, tau=tau, max_new_tokens=args.max_new_tokens, n_vocab=tok.n_vocab)
+        rows.append({"threshold": tau, **{k: v for k, v in r.items() if k != "outputs"}})
+        print(f"  tau={tau}: accuracy {100 * r['accuracy']:.1f}% [{100 * r['ci'][0]:.1f}, {100 * r['ci'][1]:.1f}], "
+              f"{r['tokens_per_forward']:.2f} tokens/forward", file=sys.stderr, flush=True)
+    result = {"ckpt": args.ckpt[0], "data": args.data, "n": len(examples), "B": B,
+              "checkers": sorted({e["task"] for e in examples}), "max_new_tokens": args.max_new_tokens,
+              "rows": rows, "machine": machine(), "device": args.device}
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "eval_data.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"| tau | accuracy % | 95% CI | tokens/forward |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['threshold']} | {100 * r['accuracy']:.1f} | [{100 * r['ci'][0]:.1f}, {100 * r['ci'][1]:.1f}] | "
+              f"{r['tokens_per_forward']:.2f} |")
 
 
 def plot(path, curves, baselines, title, lossless=None):
@@ -359,17 +494,31 @@ def markdown(result):
     pct = lambda r: f"{100 * r['accuracy']:.1f}"
     ci = lambda lo_hi: f"[{100 * lo_hi[0]:.1f}, {100 * lo_hi[1]:.1f}]"
     names = {"ar": "AR SFT (stage 1)", "control": "control (stage 1 + AR steps)", "lossless": "MARS lossless"}
+    row_name = lambda r: names.get(r["decoder"], f"MARS tau={r['threshold']}")
     q = result["quality"]
     tasks = list(q[0]["per_task"])
     lines = [f"Quality ({result['n_test']} held-out prompts, B = {result['B']}): accuracy % with 95% interval, "
-             "tokens/forward, accuracy per family", "",
-             "| decoder | all | 95% CI | tokens/forward | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 4) + "|"]
+             "tokens/forward (ours: output tokens / the row's forwards), accuracy per family", "",
+             "| decoder | all | 95% CI | tokens/forward (ours) | " + " | ".join(tasks) + " |",
+             "|---" * (len(tasks) + 4) + "|"]
     for r in q:
-        name = names.get(r["decoder"], f"MARS tau={r['threshold']}")
         cells = [pct(r), ci(r["ci"]), f"{r['tokens_per_forward']:.2f}"]
         cells += [f"{100 * r['per_task'][t]['accuracy']:.0f}" for t in tasks]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Paired on the same prompts: difference in points, 95% interval, exact McNemar p", "",
+        lines.append(f"| {row_name(r)} | " + " | ".join(cells) + " |")
+    same = result["identical_to_ar"]
+    lines += ["", f"Token for token against the MARS checkpoint decoded as AR (--ar): lossless differs on "
+              f"{same['lossless_differ']} of {same['n']} prompts, tau = 1.0 on {same['tau1_differ']}."]
+    for title, key in (("per task family", "per_task"), ("per answer length (reference tokens, <|endoftext|> included)",
+                                                         "per_length")):
+        groups = list(q[0][key])
+        sizes = " | ".join(f"{g} (n={q[0][key][g]['n']})" for g in groups)
+        lines += ["", f"Where MARS pays, {title}: accuracy % (tokens/forward, ours)", "",
+                  f"| decoder | {sizes} |", "|---" * (len(groups) + 1) + "|"]
+        for r in q:
+            lines.append(f"| {row_name(r)} | " + " | ".join(
+                f"{pct(r[key][g])} ({r[key][g]['tokens_per_forward']:.2f})" for g in groups) + " |")
+    lines += ["", "Paired on the same prompts: difference in points, 95% interval (Newcombe's, for paired "
+              "proportions), exact McNemar p", "",
               "| comparison | difference | 95% CI | p | right only in a / only in b |", "|---|---|---|---|---|"]
     for p in result["paired"]:
         lines.append(f"| {p['a']} vs {p['b']} | {100 * p['diff']:+.1f} | {ci(p['ci'])} | {p['p_value']:.3g} | "
@@ -385,13 +534,15 @@ def markdown(result):
             lines.append(f"| {name} | " + " | ".join(f"{pct(r)} ({r['tokens_per_forward']:.2f})" for r in rows) + " |")
     lines += ["", result["entropy_note"], "",
               f"Wall clock ({result['speed_prompts']} prompts, {result['repeats']} repeats; {result['machine']}; "
-              f"{result['device']}); speedup against AR at the same batch size: median [min, max] over repeats", "",
-              "| decoder | batch | tau | cache_block | tokens/forward | tokens/s | speedup vs AR |",
-              "|---|---|---|---|---|---|---|"]
+              f"{result['device']}); speedup against AR at the same batch size: the median over repeats of the "
+              "per-repeat ratio of tokens/s [min, max]; tokens/forward, ours and the official samplers' counter "
+              "(whole batch), from the same timed passes", "",
+              "| decoder | batch | tau | cache_block | tokens/forward (ours) | tokens/forward (official) | tokens/s | "
+              "speedup vs AR |", "|---|---|---|---|---|---|---|---|"]
     for s in result["speed"]:
         lo, hi = s["speedup_spread"]
         lines.append(f"| {s['decoder']} | {s['batch_size']} | {s['threshold'] or '-'} | {s['cache_block'] or '-'} | "
-                     f"{s['tokens_per_forward']:.2f} | {s['tokens_per_second']:.0f} | "
+                     f"{s['tokens_per_forward']:.2f} | {s['tokens_per_forward_official']:.2f} | {s['tokens_per_second']:.0f} | "
                      f"{s['speedup']:.2f}x [{lo:.2f}, {hi:.2f}] |")
     lines += ["", "AR's own bracket is the range of its rate over the run, over its median: the drift that "
               "alternating AR and the decoder batch by batch keeps out of the ratios.",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 import data
+import hf
 import mars
 from model import GPT, GPTConfig
 
@@ -65,9 +66,15 @@ def check_device(device):
         raise UserError(f"device {device!r} is not available on this machine") from None
 
 
-def load_checkpoint(path, device="cpu"):
-    """The checkpoint dict, or UserError with a one-line reason."""
+def load_checkpoint(path, device="cpu", dtype=None):
+    """The checkpoint dict, or UserError with a one-line reason. `path` is one of our .pt files or a
+    Hugging Face model directory (hf.read_checkpoint: weights in dtype, default float32)."""
     check_device(device)
+    if os.path.isdir(path):
+        try:
+            return hf.read_checkpoint(path, device, dtype)
+        except (ValueError, OSError, KeyError) as e:
+            raise UserError(f"{path}: {e}") from None
     if not os.path.isfile(path):
         raise UserError(f"checkpoint not found: {path} (train one with: python train.py)")
     try:
@@ -78,14 +85,19 @@ def load_checkpoint(path, device="cpu"):
         raise UserError(f"not a readable checkpoint of this project: {path}") from None
 
 
-def model_from_checkpoint(ckpt, device="cpu"):
+def model_from_checkpoint(ckpt, device="cpu", dtype=None):
+    """(model, tokenizer). The model takes the checkpoint's tensors (built on the meta device, so a
+    7B model is never initialised at random first), then moves to device and dtype."""
     try:
-        model = GPT(GPTConfig(**ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"])
+        with torch.device("meta"):
+            model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"], assign=True)
     except (TypeError, RuntimeError):  # e.g. a checkpoint of the earlier GPT with learned positions
         raise UserError("this checkpoint's weights do not fit this version's GPT (rotary positions): retrain it "
                         "with python train.py") from None
-    return model.to(device), data.Tokenizer.from_state(ckpt["tokenizer"])
+    if model.config.tie_embeddings:  # assign replaced the shared parameter by two
+        model.lm_head.weight = model.wte.weight
+    return model.to(device=device, dtype=dtype), data.Tokenizer.from_state(ckpt["tokenizer"])
 
 
 # ---------------------------------------------------------------------------
@@ -122,7 +134,7 @@ def window(row, mask_id, cached):
 
 
 @torch.inference_mode()
-def decode_step(model, rows, kv, mask_id, *, temperature=0.0, metric="prob", generator=None):
+def decode_step(model, rows, kv, mask_id, *, temperature=0.0, metric="prob", generator=None, n_vocab=None):
     """One decoding forward for a batch of rows.
 
     kv: a model.KVCache whose row i belongs to rows[i], or None (no cache: the window starts at position 0).
@@ -131,7 +143,8 @@ def decode_step(model, rows, kv, mask_id, *, temperature=0.0, metric="prob", gen
     whole window, and the caller rolls back (kv.rollback) to what it keeps.
     Returns (tokens, conf), (len(rows), n_read) tensors, n_read = max over rows of 1 + len(drafts) + n_masks:
     column 0 is the prediction after the last real token (the AR prediction), then one after each draft, then
-    one after each mask; a row's conf is 0 beyond its own reads, so mars.accept stops there."""
+    one after each mask; a row's conf is 0 beyond its own reads, so mars.accept stops there.
+    n_vocab: ids >= n_vocab have no token (a real checkpoint's padding rows) and are never chosen."""
     device = model.wte.weight.device
     start = [0 if kv is None else r.cached for r in rows]
     windows = [window(r, mask_id, s) for r, s in zip(rows, start)]
@@ -150,14 +163,17 @@ def decode_step(model, rows, kv, mask_id, *, temperature=0.0, metric="prob", gen
     logits = flat.new_zeros(len(rows), max(n_reads), flat.shape[-1])
     logits[own] = flat  # row-major order on both sides
     logits[..., mask_id] = float("-inf")  # a placeholder is never an output
+    if n_vocab is not None:
+        logits[..., n_vocab:] = float("-inf")  # nor an embedding row past the tokenizer
     tokens, conf = mars.choose(logits, temperature, metric, generator)
     return tokens, conf * own
 
 
 @torch.inference_mode()
 def generate(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="sliding", cache_block=16, lossless=False,
-             metric="prob", temperature=0.0, max_accept=None, max_new_tokens=64, trace=None):
+             metric="prob", temperature=0.0, max_accept=None, max_new_tokens=64, trace=None, n_vocab=None):
     """Decode a batch of prompts (lists of ids). Returns one Generation per prompt.
+    n_vocab: the tokenizer's size (tok.n_vocab); ids from there on are never emitted (decode_step).
 
     B: predictions per forward (1 = plain AR decoding).
     tau: threshold, a number or one per prompt (mars.accept).
@@ -181,7 +197,7 @@ def generate(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="sliding", 
     t0 = clock(model)
     kv = None if cache == "none" else model.new_cache(len(prompts), kv_slots(prompts, max_seq, max_new_tokens, B,
                                                                              cache, cache_block))
-    batch = Batch(model, prompts, eot_id, mask_id, kv, max_new_tokens, trace, temperature, metric)
+    batch = Batch(model, prompts, eot_id, mask_id, kv, max_new_tokens, trace, temperature, metric, n_vocab)
     taus = torch.as_tensor(tau, dtype=torch.float32, device=model.wte.weight.device).expand(len(prompts))
     if cache == "block":
         fill_blocks(batch, B, taus, cache_block, max_accept)
@@ -221,7 +237,7 @@ def kv_slots(prompts, max_seq, max_new_tokens, B, cache, cache_block):
     prompts."""
     longest = max(min(len(p) + max_new_tokens, max_seq) for p in prompts)
     widest = cache_block + 1 if cache == "block" else 2 * B - 1
-    return max_seq + 2 * B  # OLD
+    return longest - 1 + widest
 
 
 def slide(batch, B, taus, lossless, max_accept):
@@ -281,9 +297,9 @@ class Batch:
     """The rows decoded together. Row k (of `rows` and of the KV cache) decodes prompt
     index[k]; finished rows leave (kv.keep_rows). Holds the outputs and the trace."""
 
-    def __init__(self, model, prompts, eot_id, mask_id, kv, max_new_tokens, trace, temperature, metric):
+    def __init__(self, model, prompts, eot_id, mask_id, kv, max_new_tokens, trace, temperature, metric, n_vocab=None):
         self.model, self.eot_id, self.mask_id, self.kv, self.trace = model, eot_id, mask_id, kv, trace
-        self.choose = dict(temperature=temperature, metric=metric)
+        self.choose = dict(temperature=temperature, metric=metric, n_vocab=n_vocab)
         self.rows = [Row(list(p)) for p in prompts]
         self.index = list(range(len(prompts)))
         self.out = [Generation(tokens=[]) for _ in prompts]
@@ -383,6 +399,9 @@ def threshold(text):
     return tau
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def get_args(argv=None):
     p = Parser(__doc__)
     p.add_argument("--ckpt", default="out/mars.pt", help="checkpoint to sample from (default out/mars.pt)")
@@ -407,6 +426,8 @@ def get_args(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=64, help="stop after this many tokens (default 64)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="weights and activations: float32 (default), bfloat16 (to serve a real model on a GPU)")
     args = p.parse_args(argv)
     for name in ("block_size", "cache_block", "batch_size", "max_new_tokens", "num_prompts", "max_accept"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -418,6 +439,7 @@ def get_args(argv=None):
     if args.lossless and args.temperature > 0:
         p.error("--lossless is greedy: it reproduces --ar exactly, so --temperature does not apply")
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.dtype = DTYPES[args.dtype]
     return args
 
 
@@ -432,9 +454,9 @@ def show(tok, example, g, as_json, colour):
     if as_json:
         known = {} if correct is None else {"correct": correct}
         print(json.dumps({"prompt": example["prompt"], "text": text, **stats, **known,
-                          "chunks": [tok.decode(c) for c in g.chunks]}))
+                          "chunks": [tok.decode(c) for c in g.chunks], "ids": g.tokens}))
         return correct
-    pieces = [tok.decode(c).replace("<|endoftext|>", "") for c in g.chunks]
+    pieces = [tok.decode([t for t in c if t != tok.eot]) for c in g.chunks]
     if colour:  # alternate two colours, one per forward
         body = "".join(f"\033[{33 if i % 2 else 36}m{p}\033[0m" for i, p in enumerate(pieces))
     else:
@@ -448,18 +470,20 @@ def show(tok, example, g, as_json, colour):
 def main(argv=None):
     args = get_args(argv)
     torch.manual_seed(args.seed)
-    ckpt = load_checkpoint(args.ckpt, args.device)
-    model, tok = model_from_checkpoint(ckpt, args.device)
+    ckpt = load_checkpoint(args.ckpt, args.device, args.dtype)
+    if not (args.chat or args.prompt or "train_config" in ckpt):
+        raise UserError(f"{args.ckpt} has no held-out prompts of its own (not trained here): give --prompt or --chat")
+    model, tok = model_from_checkpoint(ckpt, args.device, args.dtype)
     model.eval()
     if args.ar:
         B = 1
     elif "mars" not in ckpt:
-        raise UserError(f"{args.ckpt} is a stage-1 (AR) checkpoint: use --ar, or a MARS checkpoint (mars.pt)")
+        raise UserError(f"{args.ckpt} is an AR checkpoint (no MARS block size): use --ar, or a MARS checkpoint")
     else:
         B = args.block_size or ckpt["mars"]["B"]
     decode = dict(B=B, tau=args.tau, cache=args.cache, cache_block=args.cache_block, lossless=args.lossless,
                   metric=args.metric, temperature=args.temperature, max_accept=args.max_accept,
-                  max_new_tokens=args.max_new_tokens)
+                  max_new_tokens=args.max_new_tokens, n_vocab=tok.n_vocab)
     colour = sys.stdout.isatty()
 
     def answer(examples, tau):

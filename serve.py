@@ -6,36 +6,29 @@ controller that lowers tau when the queue grows.
     python serve.py --http            # an OpenAI-compatible HTTP server and a page on this engine (server.py)
     python serve.py --http_load       # the trace sent by real HTTP clients, on the wall clock (server.py)
 
-The paper claims that under high load a MARS server "can increase throughput on
-the fly without swapping models or restarting", and never measures it. This is
-that experiment, small enough to run on a laptop:
+The paper claims that under high load a MARS server "can increase throughput on the fly
+without swapping models or restarting", and never measures it. This is that experiment:
 
-1. The engine: continuous batching (iteration-level scheduling, as in Orca and
-   vLLM) around the decoding step every decoder shares (sample.decode_step).
-   Before every forward it admits waiting requests up to --max_batch; a new
-   request's prompt is the uncached part of its row's window, so it is
-   prefilled in the same forward as the others' decoding steps; finished
-   requests leave after it. Each request carries its own tau, read at every
-   step. A row at tau = 1.0 commits one token whatever its masks predict, so
-   it is fed none: tau = 1.0 costs exactly what AR (B = 1) costs.
-2. The load: an open-loop Poisson trace from a seed, prompts from the held-out
-   set, in three phases of equal length: light (0.5x the tau = 1.0 capacity),
-   overload (1.3x), light again ("recovery"). The capacities are measured at
-   start-up (a full queue, on validation prompts).
-3. The policies, all on the same trace: ar (B = 1), tau = 1.0, the lowest tau
-   of --ladder, and adaptive: the smoothed backlog (waiting + running requests)
-   picks a rung of the ladder, with hysteresis. Under load it *lowers* tau (the
-   opposite of speculative decoding, which engines switch off under load): a
-   MARS forward carries its masks anyway, and tau only decides how many of
-   their predictions to keep.
-4. The clock is virtual: forwards really run, so acceptance and answers are
-   real, but time advances by a step-cost model t(batch, window width) profiled
-   once at start-up, so that a noisy shared machine does not change the result.
-
-Why --max_batch 8: on a CPU a forward's cost grows with the tokens it carries
-almost at once, and a joining prompt pads every row's window to its length.
-Capacity on the cpu checkpoint (requests/s at tau = 1.0 / 0.9, one thread):
-107 / 209 at batch 4, 117 / 231 at batch 8, 100 / 216 at batch 16.
+1. The engine: continuous batching (iteration-level scheduling, as in Orca and vLLM)
+   around the step every decoder shares (sample.decode_step). Before every forward it
+   admits waiting requests up to --max_batch; a new prompt is the uncached part of its
+   row's window, so it is prefilled in the same forward as the others' steps; finished
+   requests leave after it. Each request's tau is read at every step. A row at tau = 1.0
+   commits one token whatever its masks predict, so it is fed none: it costs what AR costs.
+2. The load: an open-loop Poisson trace from a seed, held-out prompts, in three phases of
+   equal length: light (0.5x the tau = 1.0 capacity), overload (1.3x), light again
+   ("recovery"). The capacities are measured at start-up (a full queue, validation prompts).
+3. The policies, on the same trace: ar (B = 1), tau = 1.0, the lowest tau of --ladder,
+   and adaptive: the smoothed backlog (waiting + running) picks a rung of the ladder, with
+   hysteresis. Under load it *lowers* tau (unlike speculative decoding, which engines
+   switch off under load): a MARS forward carries its masks anyway, and tau only decides
+   how many of their predictions to keep.
+4. The clock is virtual: forwards really run, so acceptance and answers are real, but
+   time advances by a step-cost model t(batch, window width) profiled at start-up, so
+   that a noisy shared machine does not change the result.
+Why --max_batch 8: a CPU forward's cost grows with the tokens it carries almost at once,
+and a joining prompt pads every row's window (capacity in requests/s at tau = 1.0 / 0.9,
+cpu checkpoint, one thread: 107 / 209 at batch 4, 117 / 231 at 8, 100 / 216 at 16).
 """
 import json
 import os
@@ -51,6 +44,7 @@ import torch
 import data
 import mars
 from eval import machine
+from serve_report import goals, markdown, plot
 from sample import (Parser, Row, UserError, accepted, decode_step, load_checkpoint, lossless_commit, model_from_checkpoint,
                     run_cli, threshold, through_eot)
 
@@ -111,7 +105,8 @@ class Engine:
         """Drop the cancelled, admit, one forward, commit, evict. Returns (batch, width, stepped, finished):
         the forward's shape (what it costs), the requests it stepped, those that left after it."""
         self.evict([i for i, r in enumerate(self.running) if not r.cancelled])
-        self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        if any(r.cancelled for r in self.waiting):
+            self.waiting = deque(r for r in self.waiting if not r.cancelled)
         if not self.waiting and not self.running:
             return 0, 0, [], []
         admit = min(len(self.waiting), self.max_batch - len(self.running))
@@ -157,22 +152,18 @@ class Engine:
 # Policies: the tau of every request, chosen before each forward from the backlog
 
 class Fixed:
-    def __init__(self, tau):
-        self.tau = tau
-
-    def __call__(self, load):
-        return self.tau
+    def __init__(self, tau): self.tau = tau
+    def __call__(self, load): return self.tau
 
 
 @dataclass
 class Adaptive:
     """A ladder of tau values, climbed down as the smoothed load grows.
 
-    load = backlog / max_batch: 1.0 is a full batch with nobody waiting. The
-    controller leaves rung k (towards lower tau) when the smoothed load exceeds
-    `first + spacing * k`, and climbs back only when it falls `gap` below the
-    threshold that brought it down: without that gap a load sitting at a
-    threshold would flip tau at every forward. The smoothing (an exponential
+    load = backlog / max_batch: 1.0 is a full batch with nobody waiting. The controller leaves
+    rung k (towards lower tau) when the smoothed load exceeds `first + spacing * k`, and climbs
+    back only when it falls `gap` below the threshold that brought it down: without that gap a
+    load sitting at a threshold would flip tau at every forward. The smoothing (an exponential
     average over forwards) ignores the short bursts a Poisson stream always has."""
     ladder: tuple = (1.0, 0.99, 0.95, 0.9)
     first: float = 1.0
@@ -232,32 +223,17 @@ class StepCost:
 
 class VirtualClock:
     """Time advances by the step-cost model only: reproducible on a busy machine."""
-
-    def __init__(self, cost):
-        self.cost, self.t = cost, 0.0
-
-    def now(self):
-        return self.t
-
-    def forward_done(self, batch, width):
-        self.t += self.cost(batch, width)
-
-    def idle_until(self, t):
-        self.t = max(self.t, t)
+    def __init__(self, cost): self.cost, self.t = cost, 0.0
+    def now(self): return self.t
+    def forward_done(self, batch, width): self.t += self.cost(batch, width)
+    def idle_until(self, t): self.t = max(self.t, t)
 
 
 class WallClock:
-    def __init__(self):
-        self.t0 = time.perf_counter()
-
-    def now(self):
-        return time.perf_counter() - self.t0
-
-    def forward_done(self, batch, width):
-        pass
-
-    def idle_until(self, t):
-        time.sleep(max(0.0, t - self.now()))
+    def __init__(self): self.t0 = time.perf_counter()
+    def now(self): return time.perf_counter() - self.t0
+    def forward_done(self, batch, width): pass
+    def idle_until(self, t): time.sleep(max(0.0, t - self.now()))
 
 
 # ---------------------------------------------------------------------------
@@ -317,6 +293,29 @@ def capacity(model, tok, examples, tau, B, max_batch, make_clock, max_new_tokens
     return rate, float(np.median([r.finish - r.admitted for r in reqs]))
 
 
+def calibrate(model, tok, calib, B, args, make_clock):
+    """(capacity at tau = 1.0, at the lowest tau of the ladder, the SLO): a full queue of calibration prompts."""
+    low, mb, n = args.ladder[-1], args.max_batch, args.max_new_tokens
+    t0 = time.time()
+    simulate(model, tok, [(0.0, e) for e in calib[:2 * mb]], Fixed(low), B, mb, make_clock(), n)  # a warm-up: the
+    cap, service = capacity(model, tok, calib, 1.0, B, mb, make_clock, n)  # first forwards of each shape are slow
+    cap_low, _ = capacity(model, tok, calib, low, B, mb, make_clock, n)
+    slo = args.slo or 3 * service
+    print(f"capacity at max_batch {mb}: {cap:.1f} requests/s at tau = 1.0, {cap_low:.1f} at tau = {low} "
+          f"({cap_low / cap:.2f}x); SLO {slo:.3f} s; {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+    return cap, cap_low, slo
+
+
+def by_phase(policy, reqs, phases, metrics):
+    """Rows {policy, phase, rate, **metrics(requests, start, end)}: one per phase, by arrival, then the whole trace."""
+    rows, start = [], 0.0
+    for name, rate, secs in phases:
+        inside = [r for r in reqs if start <= r.arrival < start + secs]
+        rows.append({"policy": policy, "phase": name, "rate": rate, **metrics(inside, start, start + secs)})
+        start += secs
+    return rows + [{"policy": policy, "rate": len(reqs) / start, **metrics(reqs, 0.0, start)}]
+
+
 def summarise(reqs, steps, start, end, slo, tok):
     """Metrics of the requests that arrived in [start, end); throughput counts what the
     server committed in that window, whichever request it belonged to."""
@@ -333,7 +332,8 @@ def summarise(reqs, steps, start, end, slo, tok):
                 mean_tau=sum(r.tau_sum for r in reqs) / forwards, accuracy=sum(correct) / len(reqs))
 
 
-def get_args(argv=None):
+def get_args(argv=None, more=None):
+    """The flags; more(parser) adds a caller's own (server.py's)."""
     p = Parser(__doc__)
     p.add_argument("--ckpt", default="out/mars.pt", help="MARS checkpoint (default out/mars.pt)")
     p.add_argument("--out_dir", default="out", help="where serve.json and serve.png go (default out)")
@@ -352,6 +352,8 @@ def get_args(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=64, help="stop a response after this many tokens (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival trace and its prompts (default 0)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
+    if more:
+        more(p)
     args = p.parse_args(argv)
     for name in ("max_batch", "max_new_tokens"):
         if getattr(args, name) < 1:
@@ -366,37 +368,39 @@ def get_args(argv=None):
     return args
 
 
-def main(argv=None):
-    args = get_args(argv)
-    ckpt = load_checkpoint(args.ckpt, args.device)
+def load_mars(path, device):
+    """(model in eval mode, tokenizer, B, checkpoint) of a MARS checkpoint, or UserError."""
+    ckpt = load_checkpoint(path, device)
     if "mars" not in ckpt:
-        raise UserError(f"{args.ckpt} is a stage-1 (AR) checkpoint: serve needs a MARS checkpoint (mars.pt)")
-    model, tok = model_from_checkpoint(ckpt, args.device)
-    model.eval()
-    B, cfg, max_seq = ckpt["mars"]["B"], ckpt["train_config"], model.config.max_seq_len
+        raise UserError(f"{path} is a stage-1 (AR) checkpoint: serve needs a MARS checkpoint (mars.pt)")
+    model, tok = model_from_checkpoint(ckpt, device)
+    return model.eval(), tok, ckpt["mars"]["B"], ckpt
+
+
+def prompts_for_load(ckpt, tok, max_seq, max_batch):
+    """(held-out test examples, 12 * max_batch calibration examples) whose prompts fit the context."""
+    cfg = ckpt["train_config"]
     fits = lambda split: [e for e in split if len(tok.prompt_ids(e["prompt"])) < max_seq]
     splits = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])
     test, val = fits(splits["test"]), fits(splits["val"])
     if not test:
         raise UserError(f"no held-out prompt fits the model's context of {max_seq} tokens")
+    return test, ((val or test) * 12 * max_batch)[:12 * max_batch]
+
+
+def main(argv=None):
+    args = get_args(argv)
+    model, tok, B, ckpt = load_mars(args.ckpt, args.device)
+    test, calib = prompts_for_load(ckpt, tok, model.config.max_seq_len, args.max_batch)
     low = args.ladder[-1]
     policies = {"ar": (1, lambda: Fixed(1.0)), "tau=1.0": (B, lambda: Fixed(1.0)), f"tau={low}": (B, lambda: Fixed(low)),
                 "adaptive": (B, lambda: Adaptive(ladder=tuple(args.ladder)))}
     os.makedirs(args.out_dir, exist_ok=True)
     t0 = time.time()
-
-    # start-up: the step-cost model, then the capacities it implies (a full queue of validation prompts)
+    # start-up: the step-cost model, then the capacities it implies
     cost = StepCost.profile(model, tok.mask, args.max_batch, B) if args.clock == "virtual" else None
     make_clock = (lambda: VirtualClock(cost)) if cost else WallClock
-    n = 12 * args.max_batch
-    calib = ((val or test) * n)[:n]
-    simulate(model, tok, [(0.0, e) for e in calib[:2 * args.max_batch]], Fixed(low), B, args.max_batch, make_clock(),
-             args.max_new_tokens)  # a warm-up: a process's first forwards of each shape are slow
-    cap, service = capacity(model, tok, calib, 1.0, B, args.max_batch, make_clock, args.max_new_tokens)
-    cap_low, _ = capacity(model, tok, calib, low, B, args.max_batch, make_clock, args.max_new_tokens)
-    slo = args.slo or 3 * service
-    print(f"capacity at max_batch {args.max_batch}: {cap:.1f} requests/s at tau = 1.0, {cap_low:.1f} at tau = {low} "
-          f"({cap_low / cap:.2f}x); SLO {slo:.3f} s; start-up {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+    cap, cap_low, slo = calibrate(model, tok, calib, B, args, make_clock)
 
     total, done = len(policies) * (args.requests + len(args.sweep) * args.sweep_requests), 0
 
@@ -415,15 +419,12 @@ def main(argv=None):
     # the three-phase trace
     seconds = args.requests / (cap * sum(m for _, m in PHASES))  # per phase
     phases = [(name, m * cap, seconds) for name, m in PHASES]
-    trace, end = make_trace(test, phases, args.seed), len(phases) * seconds
+    trace = make_trace(test, phases, args.seed)
     served = every_policy("trace", trace)
     runs, whole = [], []
     for policy, (reqs, steps) in served.items():
-        for k, (name, rate, secs) in enumerate(phases):
-            start = k * seconds
-            inside = [r for r in reqs if start <= r.arrival < start + secs]
-            runs.append({"policy": policy, "phase": name, "rate": rate, **summarise(inside, steps, start, start + secs, slo, tok)})
-        whole.append({"policy": policy, "rate": len(reqs) / end, **summarise(reqs, steps, 0, end, slo, tok)})
+        runs += by_phase(policy, reqs, phases, lambda rs, a, b: summarise(rs, steps, a, b, slo, tok))
+        whole.append(runs.pop())
 
     # the sweep: one steady trace per rate, all from one seed, so the same requests come at every rate,
     # only closer together: accuracy then changes with tau alone, not with the sample of prompts
@@ -447,78 +448,8 @@ def main(argv=None):
     print(f"done in {time.time() - t0:.0f}s: {args.out_dir}/serve.json, {args.out_dir}/serve.png", file=sys.stderr)
 
 
-def goals(result):
-    """The issue's three goals, measured: overload p99 of adaptive / tau = 1.0 (<= 1/3), whole-trace
-    accuracy of adaptive minus tau = 1.0 in points (>= -1), the adaptive mean tau of the light phases (>= 0.99)."""
-    run = {(r["policy"], r["phase"]): r for r in result["runs"]}
-    whole = {r["policy"]: r for r in result["whole_trace"]}
-    light = [run[("adaptive", p)] for p in ("light", "recovery")]
-    return {"overload_p99_ratio": run[("adaptive", "overload")]["p99_latency"] / run[("tau=1.0", "overload")]["p99_latency"],
-            "accuracy_points": 100 * (whole["adaptive"]["accuracy"] - whole["tau=1.0"]["accuracy"]),
-            "light_mean_tau": min(r["mean_tau"] for r in light)}
-
-
-def markdown(result):
-    cols = "| policy | phase | rate (req/s) | requests | latency p50 / p99 (s) | TTFT p50 / p99 (s) | tokens/s | " \
-           "goodput (req/s) | tokens/forward | mean tau | accuracy |"
-    lines = [f"Serving under load ({result['clock']} clock, max_batch {result['max_batch']}, SLO "
-             f"{result['slo_seconds']:.3f} s, B = {result['B']}; {result['machine']})", "", cols, "|---" * 11 + "|"]
-    for r in result["runs"] + [{**w, "phase": "whole trace"} for w in result["whole_trace"]]:
-        lines.append(f"| {r['policy']} | {r['phase']} | {r['rate']:.1f} | {r['requests']} | {r['p50_latency']:.3f} / "
-                     f"{r['p99_latency']:.3f} | {r['p50_ttft']:.3f} / {r['p99_ttft']:.3f} | {r['tokens_per_second']:.0f} | "
-                     f"{r['goodput']:.1f} | {r['tokens_per_forward']:.2f} | {r['mean_tau']:.3f} | {100 * r['accuracy']:.1f} |")
-    g = result["goals"]
-    lines += ["", f"Goals: overload p99 adaptive / tau=1.0 = {g['overload_p99_ratio']:.2f} (<= 0.33); whole-trace "
-                  f"accuracy adaptive - tau=1.0 = {g['accuracy_points']:+.1f} points (>= -1); light-phase mean tau "
-                  f"of adaptive = {g['light_mean_tau']:.3f} (>= 0.99)"]
-    return "\n".join(lines)
-
-
-def plot(result, timelines, arrivals, path):
-    from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
-    fig = Figure(figsize=(13, 6))
-    grid = fig.add_gridspec(2, 2)
-    ax_rate = fig.add_subplot(grid[0, 0])
-    ax_backlog = fig.add_subplot(grid[1, 0], sharex=ax_rate)
-    ax_sweep = fig.add_subplot(grid[:, 1])
-
-    # panel 1, over time: arrival rate and adaptive tau (top), backlog per policy (bottom)
-    end = sum(p["seconds"] for p in result["phases"])
-    bins = np.linspace(0, end, 31)
-    counts, _ = np.histogram(arrivals, bins)
-    ax_rate.stairs(counts / np.diff(bins), bins, fill=True, color="0.8", label="arrivals")
-    ax_rate.set(ylabel="arrivals (requests/s)", title="the trace: light, overload, recovery")
-    ax_tau = ax_rate.twinx()
-    t, _, tau, _ = zip(*timelines["adaptive"])
-    ax_tau.step(t, tau, where="pre", color="C3", label="adaptive tau")
-    ax_tau.set(ylabel="adaptive tau", ylim=(min(result["ladder"]) - 0.02, 1.01))
-    ax_rate.legend(loc="upper left"), ax_tau.legend(loc="upper right")
-    for policy, steps in timelines.items():
-        t, backlog, _, _ = zip(*steps)
-        wide = policy == "ar"  # under tau = 1.0, which feeds exactly what it feeds
-        ax_backlog.step(t, backlog, where="pre", label=policy, lw=4 if wide else 1, alpha=0.4 if wide else 1)
-    ax_backlog.set(xlabel="time (s)", ylabel="backlog (waiting + running)")
-    ax_backlog.legend(loc="upper left")
-    for ax in (ax_rate, ax_backlog):
-        for edge in np.cumsum([p["seconds"] for p in result["phases"]])[:-1]:
-            ax.axvline(edge, ls=":", color="k")
-
-    # panel 2: p99 latency (solid) and accuracy (dashed) against the arrival rate
-    ax_acc = ax_sweep.twinx()
-    for i, policy in enumerate(dict.fromkeys(r["policy"] for r in result["sweep"])):
-        rows = [r for r in result["sweep"] if r["policy"] == policy]
-        rate = [r["rate"] for r in rows]
-        ax_sweep.plot(rate, [r["p99_latency"] for r in rows], "o-", color=f"C{i}", label=f"{policy} p99")
-        ax_acc.plot(rate, [100 * r["accuracy"] for r in rows], "s--", color=f"C{i}", alpha=0.6)
-    ax_sweep.axvline(result["capacity"]["tau=1.0"], ls=":", color="k")
-    ax_sweep.axhline(result["slo_seconds"], ls=":", color="gray")
-    ax_sweep.set(xlabel="arrival rate (requests/s); dotted: tau = 1.0 capacity", ylabel="p99 latency (s), log",
-                 yscale="log", title="steady load: p99 latency (solid), accuracy (dashed)")
-    ax_acc.set(ylabel="accuracy (%)")
-    ax_sweep.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-
-
 if __name__ == "__main__":
+    if {"--http", "--http_load"} & set(sys.argv):  # server.py sits above this module: it takes the command over
+        os.execv(sys.executable, [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py"),
+                                  *sys.argv[1:]])
     run_cli(main)

@@ -4,6 +4,7 @@
     python train.py --preset tiny         # seconds, for tests
     python train.py --stage mars --init_from out/ar.pt
     python train.py --stage control       # the control: stage 2 without its noisy stream
+    python train.py --stage mars --init_from Qwen2.5-0.5B-Instruct/ --data my.jsonl   # a real model
     torchrun --standalone --nproc_per_node=2 train.py --preset tiny   # data parallel
 
 Writes <out_dir>/ar.pt and mars.pt (control.pt with --stage control; self-contained: weights, model config,
@@ -30,13 +31,24 @@ from model import GPT, GPTConfig
 from sample import Parser, UserError, check_device, load_checkpoint, model_from_checkpoint, run_cli
 
 # One source of truth for every number: flags override single entries.
+TOY = dict(warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, max_seq_len=64, vocab_size=512, n_train=4000, summary_limit=40,
-                 batch_size=16, ar_iters=60, mars_iters=60, lr=3e-3, mars_lr=3e-3, eval_every=30, save_every=30),
+                 batch_size=16, ar_iters=60, mars_iters=60, lr=3e-3, mars_lr=3e-3, eval_every=30, save_every=30, **TOY),
     "cpu": dict(n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048, n_train=40000, summary_limit=None,
-                batch_size=32, ar_iters=3000, mars_iters=2400, lr=2e-3, mars_lr=2e-3, eval_every=200, save_every=200),
+                batch_size=32, ar_iters=3000, mars_iters=2400, lr=2e-3, mars_lr=2e-3, eval_every=200, save_every=200,
+                **TOY),
     "gpu": dict(n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000, summary_limit=None,
-                batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3, eval_every=500, save_every=500),
+                batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3, eval_every=500, save_every=500,
+                **TOY),
+    # The paper's recipe for a real instruct model (the default when --init_from is a Hugging Face directory;
+    # the model's shape comes from its config.json): lr 5e-6 in both stages, linear warmup 3% then cosine to
+    # zero, AdamW with weight decay 0 and transformers' default betas (0.9, 0.999), rows of at most 512
+    # tokens, bf16, 5 epochs per stage (the iterations follow from the data), effective batch 384 (the
+    # authors': 48 per GPU x 8 GPUs; here 4 per forward, the rest accumulated: 96 forwards per step on one GPU).
+    "hf": dict(max_seq_len=512, batch_size=384, micro_batch=4, epochs=5, lr=5e-6, mars_lr=5e-6, warmup=0.03,
+               weight_decay=0.0, betas=[0.9, 0.999], dtype="bfloat16", eval_every=500, save_every=500,
+               summary_limit=200),
 }
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
 
@@ -44,12 +56,17 @@ MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
 def get_args(argv=None):
     p = Parser(__doc__)
     p.add_argument("--preset", choices=PRESETS, help="size of model and run: tiny (seconds), cpu (laptop, "
-                                                      "~20 min), gpu (one GPU); default gpu with CUDA, else cpu")
+                                                      "~20 min), gpu (one GPU), hf (the paper's recipe for a real "
+                                                      "model); default hf when --init_from is a Hugging Face "
+                                                      "directory (or was trained from one), else gpu with CUDA, "
+                                                      "else cpu")
     p.add_argument("--stage", choices=["ar", "mars", "all", "control"], default="all",
                    help="ar: stage 1 (AR SFT); mars: stage 2 from --init_from; all: both (default); control: "
                         "stage 2 without its noisy stream: --init_from trained on the clean (AR) term alone, "
                         "same per-sequence mean, padding, batches and schedule (control.pt)")
-    p.add_argument("--init_from", help="stage-1 checkpoint for stage 2 or the control (default <out_dir>/ar.pt)")
+    p.add_argument("--init_from", help="stage-1 checkpoint for stage 2 or the control (default <out_dir>/ar.pt); "
+                                       "or a Hugging Face model directory (Qwen2, Llama), where every stage starts "
+                                       "(--stage all: AR SFT on it, then MARS)")
     p.add_argument("--out_dir", default="out", help="where checkpoints, logs and plots go (default out)")
     p.add_argument("--data", help="your own instruction data: JSONL of {prompt, response} or {messages}")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from the checkpoints in --out_dir")
@@ -82,29 +99,51 @@ def get_args(argv=None):
     g.add_argument("--mars_iters", type=int, help="optimizer steps of stage 2")
     g.add_argument("--lr", type=float, help="peak learning rate of stage 1 (linear warmup, then cosine to zero)")
     g.add_argument("--mars_lr", type=float, help="peak learning rate of stage 2 and the control (the paper: as stage 1)")
-    g.add_argument("--warmup", type=float, default=0.05, help="warmup as a fraction of the stage's steps (default 0.05)")
-    g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay on matrices (default 0.1)")
+    g.add_argument("--warmup", type=float, help="warmup as a fraction of the stage's steps")
+    g.add_argument("--weight_decay", type=float, help="AdamW weight decay on matrices")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (default 1.0)")
     g.add_argument("--eval_every", type=int, help="steps between validation losses")
     g.add_argument("--save_every", type=int, help="steps between checkpoints")
     g.add_argument("--summary_limit", type=int, help="held-out prompts in the final summary (default all)")
     args = p.parse_args(argv)
-    args.preset = args.preset or ("gpu" if torch.cuda.is_available() else "cpu")
+    hf = args.init_from is not None and trained_from_hf(args.init_from)
+    args.preset = args.preset or ("hf" if hf else "gpu" if torch.cuda.is_available() else "cpu")
+    if args.preset == "hf" and not hf:
+        p.error("--preset hf fine-tunes a real model: give --init_from DIR (a Hugging Face model directory)")
     for k, v in PRESETS[args.preset].items():
-        if getattr(args, k) is None:
+        if getattr(args, k, None) is None:
             setattr(args, k, v)
+    for k in ("ar_iters", "mars_iters", "epochs"):  # the hf preset counts epochs; the others, steps
+        setattr(args, k, getattr(args, k, None))
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     args.data = args.data and os.path.abspath(args.data)  # the checkpoint must find it from anywhere
-    if min(args.block_size, args.ar_iters, args.mars_iters, args.eval_every, args.save_every, args.batch_size) < 1:
+    counts = (args.block_size, args.ar_iters, args.mars_iters, args.eval_every, args.save_every, args.batch_size)
+    if min(n for n in counts if n is not None) < 1:
         p.error("--block_size, --ar_iters, --mars_iters, --eval_every, --save_every, --batch_size must be >= 1")
-    if args.n_embd % args.n_head or (args.n_embd // args.n_head) % 2:
+    if not hf and (args.n_embd % args.n_head or (args.n_embd // args.n_head) % 2):
         p.error("--n_embd must split into --n_head heads of an even width (rotary positions rotate pairs)")
     if (args.ar_weight or 0) < 0 or (args.no_sft and args.ar_weight is not None):
         p.error("--ar_weight must be >= 0, and --no_sft has no clean-stream loss to weight")
     args.ar_weight = 0.0 if args.no_sft else 1.0 if args.ar_weight is None else args.ar_weight
     check_device(args.device)
     return args
+
+
+def prompt_text(prompt):
+    """A prompt as plain text (a conversation's turns, one per line), to train the toy's tokenizer on."""
+    return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+
+
+def trained_from_hf(path):
+    """True for a Hugging Face model directory, or one of our checkpoints whose training started from one
+    (it carries "hf"; read with mmap, so its tensors are not loaded)."""
+    if os.path.isdir(path):
+        return True
+    try:
+        return "hf" in torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception:
+        return False  # load_checkpoint reports an unreadable file later
 
 
 # ---------------------------------------------------------------------------
@@ -143,11 +182,11 @@ def lr_at(it, peak, warmup_frac, iters):
     return peak * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def train_stage(stage, model, tok, splits, args, dist_info, state=None):
-    """Runs one stage to the end (or to Ctrl-C) and writes <out_dir>/<stage>.pt."""
+def train_stage(stage, model, tok, splits, args, dist_info, state=None, hf=None):
+    """Runs one stage to the end (or to Ctrl-C) and writes <out_dir>/<stage>.pt.
+    hf: what the checkpoint records of the Hugging Face model it started from (None for the toy)."""
     (rank, world), device = dist_info, args.device
     master = rank == 0
-    iters, peak_lr = (args.ar_iters, args.lr) if stage == "ar" else (args.mars_iters, args.mars_lr)
     is_mars = stage == "mars"
     # stage 2 and the control pad every sequence with <|endoftext|> to a multiple of B, as the paper does
     multiple = 1 if stage == "ar" else args.block_size
@@ -156,6 +195,10 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
     val_rows = data.tokenize(splits["val"], tok, args.max_seq_len, multiple)[:256]
     if not train_rows:
         raise UserError(f"no training example fits --max_seq_len {args.max_seq_len}")
+    key = "ar_iters" if stage == "ar" else "mars_iters"
+    if getattr(args, key) is None:  # the hf preset: epochs over the rows that fit
+        setattr(args, key, math.ceil(args.epochs * len(train_rows) / args.batch_size))
+    iters, peak_lr = (args.ar_iters, args.lr) if stage == "ar" else (args.mars_iters, args.mars_lr)
 
     micro = args.micro_batch or args.batch_size // world
     if micro < 1 or args.batch_size % (micro * world):
@@ -183,7 +226,7 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
 
     groups = [{"params": [p for p in model.parameters() if p.dim() == d], "weight_decay": wd}  # decay matrices only
               for d, wd in ((2, args.weight_decay), (1, 0.0))]
-    optimizer = torch.optim.AdamW(groups, lr=peak_lr, betas=(0.9, 0.95), fused=device.startswith("cuda"))
+    optimizer = torch.optim.AdamW(groups, lr=peak_lr, betas=tuple(args.betas), fused=device.startswith("cuda"))
     order = torch.Generator().manual_seed(args.seed + (0 if stage == "ar" else 1))  # control and mars: same batches
     start, history = 0, []
     if state is not None:  # --resume
@@ -199,6 +242,8 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None):
         ckpt = {"model": model.state_dict(), "model_config": asdict(model.config), "tokenizer": tok.state(),
                 "train_config": vars(args), "stage": stage, "iter": it, "done": done,
                 "optimizer": optimizer.state_dict(), "order_rng": order.get_state(), "history": history}
+        if hf is not None:
+            ckpt["hf"] = hf
         if is_mars:
             ckpt["mars"] = stage2_flags(args)
         elif stage == "control":
@@ -334,29 +379,41 @@ def main(argv=None):
         else:
             say(f"resuming: no checkpoint in {args.out_dir}; starting from scratch")
 
+    hf_dir = args.init_from is not None and os.path.isdir(args.init_from)  # a Hugging Face model directory
     splits, tok = None, None
     for stage in stages:
         state = resume_state.get(stage)
-        if stage == "ar" and state is None:
+        source = None
+        if stage == "ar" and state is None and not hf_dir:  # the toy, from scratch
             splits = data.load_splits(args.data, args.seed, args.n_train)
-            texts = (e["prompt"] + "\n" + e["response"] for e in splits["train"])
+            texts = (prompt_text(e["prompt"]) + "\n" + e["response"] for e in splits["train"])
             tok = data.Tokenizer.train(texts, args.vocab_size)
             config = GPTConfig(vocab_size=tok.n_vocab, **{k: getattr(args, k) for k in MODEL_KEYS})
             model = GPT(config).to(args.device)
             say(f"instruction set: {', '.join(f'{k} {len(v)}' for k, v in splits.items())}; tokenizer: "
                 f"{tok.n_vocab} tokens; model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
         else:
-            source = state or load_checkpoint(args.init_from or os.path.join(args.out_dir, "ar.pt"))
-            if state is None and source.get("stage") != "ar":
-                raise UserError("--init_from must be a stage-1 (ar) checkpoint")
+            # --init_from starts the stage (a Hugging Face directory: any stage), except that --stage all
+            # on a Hugging Face directory runs its MARS stage from the AR SFT it has just trained
+            after_ar = args.init_from is None or (hf_dir and stage != "ar" and args.stage == "all")
+            source = state or load_checkpoint(os.path.join(args.out_dir, "ar.pt") if after_ar else args.init_from)
+            if state is None and source.get("stage") not in ("ar", "hf"):
+                raise UserError("--init_from must be a stage-1 (ar) checkpoint or a Hugging Face model directory")
             model, tok = model_from_checkpoint(source, args.device)
+            limit = args.max_seq_len
             for k in MODEL_KEYS:  # the architecture comes from the checkpoint
                 setattr(args, k, source["model_config"][k])
+            if "hf" in source:  # a real model: --max_seq_len limits the rows (the recipe: 512), within its context
+                args.max_seq_len = min(limit, args.max_seq_len)
             if splits is None:
-                prev = source["train_config"]
+                prev = source.get("train_config")  # none in a Hugging Face directory
+                if prev is None and args.data is None:
+                    raise UserError("--init_from a Hugging Face directory needs --data (your JSONL of "
+                                    "{prompt, response} or {messages})")
                 args.data = args.data or prev["data"]
-                splits = data.load_splits(args.data, prev["seed"], prev["n_train"])
-        train_stage(stage, model, tok, splits, args, (rank, world), state)
+                splits = data.load_splits(args.data, args.seed if prev is None else prev["seed"],
+                                          args.n_train if prev is None else prev["n_train"])
+        train_stage(stage, model, tok, splits, args, (rank, world), state, hf=source and source.get("hf"))
         if world > 1:  # the next stage reads the checkpoint rank 0 has just written
             dist.barrier()
     if rank == 0 and args.stage == "all" and stages:

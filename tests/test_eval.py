@@ -6,7 +6,14 @@ import json
 import pytest
 
 from conftest import assert_one_line_error, run_cli
-from eval import mcnemar_p, paired, wilson
+import statistics
+
+import torch
+
+import data
+import eval as ev
+import sample
+from eval import mcnemar_p, newcombe_paired, paired, wilson
 
 
 def test_wilson_interval():
@@ -24,21 +31,41 @@ def test_mcnemar_exact_p():
     assert mcnemar_p(3, 40) == mcnemar_p(40, 3) < 1e-7
 
 
+def test_newcombe_paired_interval_at_small_discordant_counts():
+    """Newcombe's method 10 by hand, 20 prompts: (both right, a only, b only, neither). Each accuracy gets its
+    Wilson interval (p - l, u - p); phi = (both * neither - a_only * b_only - n/2) / sqrt(product of the four
+    margins) when that cross term exceeds n/2, 0 when it is in [0, n/2], unshrunk when negative; then
+    lower = d - sqrt(da^2 - 2 phi da db + db^2) with da = p1 - l1, db = u2 - p2 (upper: mirrored)."""
+    # 0 / 0 discordant: p1 = p2 = 0.75, Wilson(15, 20) = [0.5313, 0.8881], phi = (75 - 10) / 75 = 0.8667
+    assert newcombe_paired(15, 0, 0, 5) == pytest.approx([-0.1206, 0.1206], abs=1e-4)  # not [0, 0]
+    # 1 / 5: p1 = 0.65 [0.4329, 0.8188], p2 = 0.85 [0.6396, 0.9476], phi = (24 - 5 - 10) / sqrt(13*7*17*3) = 0.1321
+    assert newcombe_paired(12, 1, 5, 2) == pytest.approx([-0.4260, 0.0518], abs=1e-4)
+    # 2 / 10: p1 = 0.40 [0.2188, 0.6134], p2 = 0.80 [0.5840, 0.9193], phi = (12 - 20) / sqrt(8*12*16*4) = -0.1021
+    assert newcombe_paired(6, 2, 10, 2) == pytest.approx([-0.6269, -0.0812], abs=1e-4)
+    # swapping the two decoders mirrors the interval; it stays inside [-1, 1] at the extremes
+    assert newcombe_paired(6, 10, 2, 2) == pytest.approx([0.0812, 0.6269], abs=1e-4)
+    assert -1 <= newcombe_paired(0, 20, 0, 0)[0] < newcombe_paired(0, 20, 0, 0)[1] <= 1
+
+
 def test_paired_difference():
     # a right on 3 of 4, b on 1 of 4, b's one right answer shared: discordant 2 / 0
     r = paired([1, 1, 1, 0], [1, 0, 0, 0])
     assert (r["a_only"], r["b_only"], r["n"]) == (2, 0, 4)
     assert r["diff"] == 0.5 and r["p_value"] == 0.5
-    # se = sqrt(discordant - n d^2) / n = sqrt(2 - 1) / 4
-    assert r["ci"] == pytest.approx([0.5 - 1.959964 * 0.25, 0.5 + 1.959964 * 0.25])
+    assert r["ci"] == newcombe_paired(1, 2, 0, 1)
+    assert paired([1, 0] * 6 + [0, 1] * 4, [0, 1] * 6 + [1, 0] * 4)["ci"] == newcombe_paired(0, 10, 10, 0)
 
 
 def test_eval_writes_tables(tiny_run, tmp_path):
-    # the same MARS checkpoint twice stands in for an ablation; ar.pt for the control (any AR checkpoint decodes as one)
-    mars_pt = tiny_run / "mars.pt"
+    # the same MARS checkpoint twice stands in for an ablation; for the control, an AR checkpoint whose answers
+    # differ from ar.pt's: the MARS weights without their "mars" entry (any AR checkpoint decodes as one)
+    mars_pt, control_pt = tiny_run / "mars.pt", tmp_path / "control.pt"
+    control = torch.load(mars_pt, weights_only=True)
+    del control["mars"]
+    torch.save(control, control_pt)
     proc = run_cli(["eval.py", "--ar_ckpt", tiny_run / "ar.pt", "--ckpt", mars_pt, mars_pt,
-                    "--control_ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path, "--limit", "24",
-                    "--thresholds", "0.9", "--speed_thresholds", "0.9", "--speed_prompts", "4", "--repeats", "1",
+                    "--control_ckpt", control_pt, "--out_dir", tmp_path, "--limit", "24",
+                    "--thresholds", "0.9", "--speed_thresholds", "0.9", "--speed_prompts", "4", "--repeats", "2",
                     "--batch_sizes", "1", "2", "--cache_blocks", "4"])
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "eval.json").read_text())
@@ -53,9 +80,30 @@ def test_eval_writes_tables(tiny_run, tmp_path):
         assert q["tokens_per_forward"] >= 1 and q["n"] == 24 and "correct" not in q
         assert sum(t["n"] for t in q["per_task"].values()) == 24
     assert quality[("mars", 1.0)]["tokens_per_forward"] == 1.0
-    # lossless decoding is AR greedy decoding of the MARS checkpoint: same answers as tau = 1.0
-    assert quality[("lossless", None)]["accuracy"] == quality[("mars", 1.0)]["accuracy"]
-    assert quality[("control", None)]["accuracy"] == quality[("ar", None)]["accuracy"]
+    # lossless and tau = 1.0 are AR greedy decoding of the MARS checkpoint, token for token (float32)
+    assert result["identical_to_ar"] == {"reference": result["identical_to_ar"]["reference"], "n": 24,
+                                         "lossless_differ": 0, "tau1_differ": 0}
+    assert quality[("lossless", None)]["tokens_per_forward"] > 1  # and it did take several tokens at once
+
+    # every row's figures are those of its own checkpoint and decoder, recomputed here in-process
+    test = data.load_splits(control["train_config"]["data"], control["train_config"]["seed"],
+                            control["train_config"]["n_train"])["test"][:24]
+    models = {k: sample.model_from_checkpoint(sample.load_checkpoint(str(path))) for k, path in
+              (("ar", tiny_run / "ar.pt"), ("control", control_pt))}
+    for key, (m, t) in models.items():
+        mine = ev.score(m.eval(), t, test, B=1)
+        for field in ("accuracy", "tokens", "forwards", "per_task", "per_length"):
+            assert quality[(key, None)][field] == mine[field], (key, field)
+    assert quality[("control", None)]["tokens"] != quality[("ar", None)]["tokens"]  # two different models
+    # the official counter: at batch 64 every forward of a batch counts once for all its rows
+    for q in result["quality"]:
+        assert q["batch_size"] == 64 and q["tokens_per_forward_official"] > q["tokens_per_forward"] * 24 / 3
+    # answer-length buckets: the reference response in tokens, <|endoftext|> included
+    tok = models["ar"][1]
+    lengths = [len(tok.encode(e["response"])) + 1 for e in test]
+    for bucket, r in quality[("ar", None)]["per_length"].items():
+        lo, hi = (int(bucket[:-1]), 10**9) if bucket.endswith("+") else map(int, bucket.split("-"))
+        assert r["n"] == sum(lo <= n <= hi for n in lengths) > 0, bucket
 
     vs_ar, vs_control, vs_tau1 = result["paired"]
     assert (vs_ar["a"], vs_ar["b"], vs_control["b"]) == ("MARS tau=1.0", "AR SFT", "control")
@@ -63,6 +111,7 @@ def test_eval_writes_tables(tiny_run, tmp_path):
     assert vs_ar["diff"] == pytest.approx(quality[("mars", 1.0)]["accuracy"] - quality[("ar", None)]["accuracy"])
     for p in result["paired"]:
         assert p["ci"][0] <= p["diff"] <= p["ci"][1] and 0 <= p["p_value"] <= 1 and p["n"] == 24
+        assert p["ci"][1] - p["ci"][0] > 0.05  # Newcombe's interval, not a Wald interval collapsed at 0 discordant
 
     assert [a["ckpt"] for a in result["ablations"]] == [str(mars_pt)] * 2
     for a in result["ablations"]:
@@ -75,11 +124,24 @@ def test_eval_writes_tables(tiny_run, tmp_path):
                      ("mars_nocache", 1, 0.9, None), ("lossless", 1, None, None),
                      ("ar", 2, None, None), ("mars_sliding", 2, 0.9, None), ("mars_block", 2, 0.9, 4)}
     for s in result["speed"]:
-        lo, hi = s["speedup_spread"]
         # the block cache's extension forwards count (as in the paper): its tokens/forward can fall below 1
-        assert s["tokens_per_second"] > 0 and s["tokens_per_forward"] > 0 and lo <= s["speedup"] <= hi
+        assert s["tokens_per_second"] > 0 and s["tokens_per_forward"] > 0
         if s["decoder"] == "ar":
             assert s["speedup"] == 1.0 and s["tokens_per_forward"] == 1.0
+            # AR commits one token per row per forward: the official counter is the batch's average occupancy
+            assert s["tokens_per_forward_official"] == 1.0 if s["batch_size"] == 1 else \
+                1 < s["tokens_per_forward_official"] <= s["batch_size"]
+            continue
+        # the speedup is the median over the repeats of each repeat's rate ratio, the bracket their range
+        ratios, rates, ar_rates = s["speedup_repeats"], s["tokens_per_second_repeats"], s["ar_tokens_per_second_repeats"]
+        assert len(ratios) == len(rates) == len(ar_rates) == 2
+        assert ratios == pytest.approx([x / a for x, a in zip(rates, ar_rates)], rel=1e-12)
+        assert s["speedup"] == statistics.median(ratios) and s["speedup_spread"] == [min(ratios), max(ratios)]
+        assert s["tokens_per_second"] == statistics.median(rates)
+        if s["batch_size"] == 1:  # official = ours but for tokens accepted past <|endoftext|>
+            assert s["tokens_per_forward"] <= s["tokens_per_forward_official"] <= s["tokens_per_forward"] * 1.5
+        else:
+            assert s["tokens_per_forward_official"] > s["tokens_per_forward"]
 
 
 def test_eval_rejects_missing_and_wrong_checkpoints(tiny_run, tmp_path):

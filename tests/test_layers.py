@@ -1,5 +1,6 @@
-"""The modules form layers and import downwards only (ARCHITECTURE.md):
-model, mars, data at the bottom; sample above them; train, eval, serve on top.
+"""The modules form layers and import downwards only (the README's layout):
+model, mars, data at the bottom; hf (Hugging Face directories) on model and data;
+sample above them; train, eval, serve on top.
 Read from the source with ast, so a cycle is caught without importing anything."""
 import ast
 
@@ -11,10 +12,13 @@ BOTTOM = {"model", "mars", "data"}
 # imports train, and eval imports no other top module, so no circle can form
 ALLOWED = {
     "model": set(), "mars": set(), "data": set(),
-    "sample": BOTTOM,
+    "hf": {"model", "data"},  # Hugging Face directories in and out: never mars, never the decoders
+    "sample": BOTTOM | {"hf"},
     "train": BOTTOM | {"sample", "eval"},
     "eval": BOTTOM | {"sample"},
-    "serve": BOTTOM | {"sample", "eval"},
+    "serve_report": set(),  # the load experiment's table and figure
+    "serve": BOTTOM | {"sample", "eval", "serve_report"},
+    "server": BOTTOM | {"sample", "eval", "serve", "serve_report"},  # HTTP on serve's engine; nothing imports it
 }
 
 

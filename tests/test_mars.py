@@ -280,3 +280,45 @@ def test_choose_sampling_is_seeded_and_follows_the_distribution():
 def test_choose_unknown_metric_raises():
     with pytest.raises(ValueError, match="metric"):
         mars.choose(torch.randn(2, 3, 5), metric="nope")
+
+
+# ---------------------------------------------------------------------------
+# The central invariant (paper, "Inference"): why decoding needs no new attention pattern
+
+
+def window_vs_training_stream(model, ids, n_prompt, mask_id, eot_id, B, s):
+    """Largest |difference| between the decoding window [ids[:s] | B-1 masks] under plain causal attention and
+    the training forward of ids ([noisy | clean], mars_attention_mask): the window's first prediction (after
+    ids[s-1]) against the clean stream at s-1, its mask predictions against the noisy stream at s..s+B-2."""
+    x, y = data.make_batch([(ids, n_prompt)], eot_id, B)
+    T = x.shape[1]
+    train = model(torch.cat([mars.noisy_copy(x, y, mask_id), x], 1), positions=torch.arange(T).repeat(2),
+                  attn_mask=mars.mars_attention_mask(T, B))[0]
+    window = model(torch.tensor([ids[:s] + [mask_id] * (B - 1)]))[0, s - 1:]
+    return max((window[0] - train[T + s - 1]).abs().max().item(), (window[1:] - train[s:s + B - 1]).abs().max().item())
+
+
+def test_decoding_window_is_the_training_noisy_stream(tiny_run):
+    """On the trained checkpoint, in float64: the window [prompt | committed tokens up to a block start | B-1 masks]
+    under causal attention gives exactly the training forward's logits: the last real token's is the clean
+    stream's (the AR logit), each mask's is the noisy stream's at its position. It holds when the masks start on
+    the training grid (s % B == 0); elsewhere the window is not a training context, and it fails (so the check
+    can fail)."""
+    import sample
+    ckpt = sample.load_checkpoint(str(tiny_run / "mars.pt"))
+    model, tok = sample.model_from_checkpoint(ckpt)
+    model = model.double().eval()
+    B, cfg = ckpt["mars"]["B"], ckpt["train_config"]
+    examples = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["val"][:6]
+    on_grid, off_grid = [], []
+    with torch.no_grad():
+        for e in examples:
+            ids, n_prompt = tok.example_ids(e["prompt"], e["response"])
+            T = len(ids) + (-len(ids) % B) - 1  # the training input: padded with <|endoftext|> to a multiple of B
+            for s in range(n_prompt, T - B + 2):  # the masks stand for response tokens (or the trained padding)
+                if s % B and s == n_prompt:
+                    continue  # the prompt's last tokens are visible in the noisy stream too: a training context
+                diff = window_vs_training_stream(model, ids, n_prompt, tok.mask, tok.eot, B, s)
+                (on_grid if s % B == 0 else off_grid).append(diff)
+    assert len(on_grid) >= 6 and max(on_grid) < 1e-10, max(on_grid)
+    assert min(off_grid) > 1e-4

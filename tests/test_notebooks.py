@@ -1,10 +1,20 @@
-"""Execute the step-through notebooks top to bottom, as a reader would.
+"""Execute the step-through notebooks top to bottom from a clean state, as a reader would,
+and check that the committed copies show what that run shows.
 
-Each runs in notebooks/ (cwd), must raise nowhere and render at least one
-picture. The executed copy stays in memory: the committed .ipynb files (with
-outputs cleared) are never rewritten. Notebook 03 reuses the checkpoint that
-notebook 02 trains (out/nb_tiny), so running them in order is the fast path.
+Each runs in notebooks/ (cwd), must raise nowhere and render at least one picture.
+The notebooks are committed executed, with their outputs, so that a reader on
+GitHub sees the figures; the test fails if a committed notebook has no outputs,
+or if its code or the kinds of output of its cells differ from the fresh run
+(stale outputs of edited code). Notebook 03 reuses the checkpoint that notebook
+02 trains (out/nb_tiny), so running them in order is the fast path.
+
+Re-execute the notebooks in place, with outputs (after changing one, or after a retrain):
+
+    python tests/test_notebooks.py --write              # all four, in order
+    python tests/test_notebooks.py --write 01_attention_mask.ipynb
 """
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,20 +24,71 @@ nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = ["01_attention_mask.ipynb", "02_training.ipynb", "03_sampling.ipynb", "04_serving_under_load.ipynb"]
+INLINE = "module://matplotlib_inline.backend_inline"  # inline figures even if the caller set MPLBACKEND=Agg
+
+
+def execute(path):
+    """The notebook at path, cleared of outputs and executed top to bottom in a fresh kernel (in memory)."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    env = os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = INLINE  # the kernel inherits this environment
+    try:
+        client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3", record_timing=False,
+                                         resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
+        client.execute()  # raises CellExecutionError, with the cell and its traceback, if any cell fails
+    finally:
+        if env is None:
+            os.environ.pop("MPLBACKEND")
+        else:
+            os.environ["MPLBACKEND"] = env
+    return nb
+
+
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def output_kinds(cell):
+    """What a cell shows, not its exact text (timings and addresses change run to run): stream names,
+    mime types of rich outputs, errors."""
+    kinds = set()
+    for out in cell.get("outputs", []):
+        kinds |= {out["name"]} if out["output_type"] == "stream" else set(out.get("data", {})) or {out["output_type"]}
+    return kinds
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs(name, monkeypatch):
+def test_notebook_runs_and_its_committed_outputs_are_current(name):
     path = NOTEBOOKS_DIR / name
-    committed = path.read_bytes()
-    nb = nbformat.read(path, as_version=4)
-    # the kernel inherits this environment: inline figures even if the caller set MPLBACKEND=Agg
-    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
-    client.execute()  # raises CellExecutionError, with the cell and its traceback, if any cell fails
+    committed = nbformat.read(path, as_version=4)
+    fresh = execute(path)
+    assert any("image/png" in out.get("data", {}) for c in code_cells(fresh) for out in c.outputs), \
+        f"{name} rendered no picture"
 
-    images = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
-              if "image/png" in out.get("data", {})]
-    assert images, f"{name} rendered no picture"
-    assert path.read_bytes() == committed, f"{name} was modified on disk"
+    rewrite = f"re-execute it: python tests/test_notebooks.py --write {name}"
+    assert [c.source for c in committed.cells] == [c.source for c in fresh.cells], f"{name}: cells differ; {rewrite}"
+    mine = code_cells(committed)
+    assert any("image/png" in out.get("data", {}) for c in mine for out in c.get("outputs", [])), \
+        f"{name} is committed without its figures; {rewrite}"
+    # one clean run, top to bottom, of this code: every cell executed in order, showing what the fresh run shows
+    assert [c.execution_count for c in mine] == list(range(1, len(mine) + 1)), f"{name}: not one clean run; {rewrite}"
+    for i, (c, f) in enumerate(zip(mine, code_cells(fresh))):
+        assert output_kinds(c) == output_kinds(f), f"{name}, code cell {i + 1}: stale outputs; {rewrite}"
+
+
+def write(names):
+    """Execute each notebook from a clean state and save it in place, with its outputs."""
+    for name in names:
+        path = NOTEBOOKS_DIR / name
+        print(f"executing {path} ...", flush=True)
+        nbformat.write(execute(path), path)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if not args or args[0] != "--write" or any(a not in NOTEBOOKS for a in args[1:]):
+        sys.exit(f"usage: python tests/test_notebooks.py --write [{' '.join(NOTEBOOKS)}]")
+    write(args[1:] or NOTEBOOKS)

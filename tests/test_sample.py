@@ -436,3 +436,17 @@ def test_trained_checkpoint_block_cache_is_the_official_algorithm(trained, split
     for cache_block in (4, 16):
         chunks = check_block_cache(model, prompts, 0.3, cache_block, tok.eot, tok.mask)
         assert any(len(c) > 1 for cs in chunks for c in cs)
+
+
+def test_trained_checkpoint_lossless_equals_ar_in_float32(tiny_run, splits):
+    """As eval.py and sample.py run it (float32, batched): lossless decoding reproduces `sample.py --ar`
+    (B = 1, one prompt at a time) token for token, while committing several tokens per forward."""
+    model, tok = sample.model_from_checkpoint(sample.load_checkpoint(str(tiny_run / "mars.pt")))
+    model.eval()
+    assert model.wte.weight.dtype == torch.float32
+    prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"][:32]]
+    ar = [sample.generate(model, [p], tok.eot, tok.mask, B=1)[0].tokens for p in prompts]
+    for B in (4, 8):
+        gens = sample.generate(model, prompts, tok.eot, tok.mask, B=B, lossless=True)
+        assert toks(gens) == ar, B
+        assert sum(len(g.tokens) for g in gens) > 1.1 * sum(g.steps for g in gens)  # drafts were accepted

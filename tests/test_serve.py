@@ -148,3 +148,58 @@ def test_bad_flags_one_line_error(args):
 
 def test_rejects_an_ar_checkpoint(tiny_run, tmp_path):
     assert_one_line_error(run_cli(["serve.py", "--ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path]))
+
+
+def test_cache_is_copied_only_when_rows_change():
+    """A step where no row joins or leaves must not touch the cache (it used to copy it twice per forward)."""
+    engine = serve.Engine(random_model(), EOT, MASK, 4, 2, 8)
+    calls = []
+    for name in ("add_rows", "keep_rows"):
+        method = getattr(engine.kv, name)
+        setattr(engine.kv, name, lambda *a, method=method, name=name: (calls.append(name), method(*a))[1])
+    requests = [serve.Request(arrival=0, prompt=p, tau=1.0) for p in random_prompts([5, 7])]
+    engine.waiting.extend(requests)
+    engine.step()
+    assert calls == ["add_rows"]  # both rows joined in one call
+    k = engine.kv.k
+    for _ in range(3):  # nobody joins or leaves: the same tensor, no copy
+        _, _, stepped, finished = engine.step()
+        assert len(stepped) == 2 and not finished and engine.kv.k is k
+    assert calls == ["add_rows"]
+    requests[0].cancelled = True  # a row leaves: now the cache shrinks, once
+    assert engine.step()[0] == 1 and calls == ["add_rows", "keep_rows"] and engine.kv.k.shape[1] == 1
+
+
+def test_cancelled_requests_leave_before_the_next_forward():
+    model = random_model()
+    engine = serve.Engine(model, EOT, MASK, 4, 3, 30)
+    requests = [serve.Request(arrival=0, prompt=p, tau=0.7) for p in random_prompts([4, 6, 9, 5])]
+    engine.waiting.extend(requests)
+    engine.step()
+    assert requests[1] in engine.running and requests[2] in engine.running and len(engine.waiting) == 1
+    requests[1].cancelled = requests[3].cancelled = True  # one running, one still waiting
+    rest = [id(r) for r in engine.running if not r.cancelled]
+    batch, _, stepped, _ = engine.step()
+    assert [id(r) for r in stepped] == rest and batch == len(rest) and engine.kv.k.shape[1] == len(engine.running)
+    assert requests[3].row is None and not engine.waiting and requests[1].forwards == 1
+    serve_all(engine, [requests[2]], [-1])
+    alone = sample.generate(model, [requests[2].prompt], EOT, MASK, B=4, tau=0.7, max_new_tokens=30)[0]
+    assert requests[2].tokens == alone.tokens  # the others go on undisturbed
+
+
+def test_engine_lossless_equals_ar():
+    """lossless rows run through the same step: AR's output, in fewer forwards, beside threshold rows."""
+    model, prompts = random_model(), random_prompts([3, 9, 20, 6, 12])
+    engine = serve.Engine(model, EOT, MASK, 4, 3, 24)
+    requests = [serve.Request(arrival=0, prompt=p, lossless=i != 2, tau=0.5 if i == 2 else 1.0)
+                for i, p in enumerate(prompts)]
+    serve_all(engine, requests, [0, 0, 0, 1, 2])
+    fewer = 0
+    for r in requests:
+        ar = sample.generate(model, [r.prompt], EOT, MASK, B=1, max_new_tokens=24)[0]
+        if r.lossless:
+            assert r.tokens == ar.tokens
+            fewer += r.forwards < ar.forwards
+        else:
+            assert r.tokens == sample.generate(model, [r.prompt], EOT, MASK, B=4, tau=0.5, max_new_tokens=24)[0].tokens
+    assert fewer >= 2  # the drafts were really accepted

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 import sample
@@ -249,3 +250,65 @@ def test_gpu_preset_takes_a_step_of_each_stage_on_cpu(tmp_path):
     ckpt = assert_checkpoint(tmp_path / "mars.pt", "mars")
     assert ckpt["model_config"]["n_layer"] == 8 and ckpt["model_config"]["n_embd"] == 512
     assert ckpt["train_config"]["dtype"] == "float32"  # bf16 is the default on CUDA only
+
+
+MARS_RESUME = ["train.py", "--preset", "tiny", "--stage", "mars", "--mars_iters", "60", "--save_every", "5",
+               "--eval_every", "30"]
+
+
+def test_interrupted_mars_stage_resumes_to_the_uninterrupted_run(tiny_run, tmp_path):
+    """Stage 2 interrupted (Ctrl-C) and resumed continues from its step with its optimizer, batch order and
+    MARS settings: the same weights and log as a run never interrupted."""
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    cmd = MARS_RESUME + ["--init_from", tiny_run / "ar.pt"]
+    reference = popen(cmd + ["--out_dir", d2])
+    try:
+        p = popen(cmd + ["--out_dir", d1])
+        deadline = time.time() + 240
+        while not (d1 / "mars.pt").exists():
+            assert p.poll() is None, p.communicate()
+            assert time.time() < deadline
+            time.sleep(0.02)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 130, out + err
+        step = assert_checkpoint(d1 / "mars.pt", "mars", done=False)["iter"]
+        assert 5 <= step < 60
+        proc = run_cli(cmd + ["--out_dir", d1, "--resume"])
+        assert proc.returncode == 0, proc.stderr
+        assert "resuming stage mars" in proc.stdout and str(step) in proc.stdout.splitlines()[0], proc.stdout
+        out, err = reference.communicate(timeout=300)
+        assert reference.returncode == 0, err
+    finally:
+        reference.kill()
+    a, b = assert_checkpoint(d1 / "mars.pt", "mars"), assert_checkpoint(d2 / "mars.pt", "mars")
+    assert a["iter"] == b["iter"] == 60 and a["mars"] == b["mars"]
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    untimed = lambda d: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in
+                         json.loads((d / "mars_log.json").read_text())]
+    assert untimed(d1) == untimed(d2)
+
+
+def compile_works():
+    """Whether torch.compile can build a kernel here (it needs a C compiler for the CPU backend)."""
+    probe = "import torch; f = torch.compile(lambda x: x.sin() * 2); print(float(f(torch.ones(3))[0]))"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **ONE_THREAD})
+    return proc.returncode == 0, proc.stderr[-500:]
+
+
+def test_compile_one_mars_step_matches_eager(tiny_run, tmp_path):
+    """--compile trains (here one MARS step: the [noisy | clean] forward with its mask, compiled), writes a
+    checkpoint that loads, and its loss is the eager one."""
+    ok, why = compile_works()
+    if not ok:
+        pytest.skip(f"torch.compile cannot run here: {why}")
+    cmd = ["train.py", "--preset", "tiny", "--stage", "mars", "--mars_iters", "1", "--init_from", tiny_run / "ar.pt"]
+    for name, extra in (("eager", []), ("compiled", ["--compile"])):
+        proc = run_cli(cmd + extra + ["--out_dir", tmp_path / name], timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert_checkpoint(tmp_path / name / "mars.pt", "mars")
+    eager, compiled = (json.loads((tmp_path / n / "mars_log.json").read_text())[0] for n in ("eager", "compiled"))
+    for k in ("loss", "noisy", "clean", "val_loss"):
+        assert abs(compiled[k] - eager[k]) < 1e-4 * abs(eager[k]), (k, compiled[k], eager[k])

@@ -1,0 +1,99 @@
+"""Peak memory of one MARS training step of a model shaped exactly like Qwen2.5-0.5B-Instruct.
+
+    python docs/memory.py          # a few minutes and ~12 GB of RAM -> docs/memory_qwen2.5-0.5b.json
+
+Random weights built from the configuration alone (nothing is downloaded): hidden 896, 24
+layers, 14 query heads and 2 key/value heads of 64, SwiGLU width 4864, vocabulary 151,936 rows,
+tied embeddings, q/k/v biases, rope_theta 1e6, RMSNorm eps 1e-6. One step as train.py takes it:
+mars.mars_loss on one sequence of 512 tokens (a 32-token prompt, the rest response, so 2 x 480
+logit rows), backward, the gradient clip, AdamW (fused, as train.py on a GPU). Two precisions,
+each in a fresh process so that each peak is its own: float32, and bfloat16 as train.py's
+--dtype bfloat16 runs it (float32 weights, gradients and AdamW states; forward and backward
+under torch.autocast to bfloat16). Memory is the process's resident set (getrusage's peak and
+/proc's current VmRSS), on this CPU: torch has no allocator statistics for the CPU.
+"""
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "docs", "memory_qwen2.5-0.5b.json")
+QWEN25_05B = dict(vocab_size=151936, max_seq_len=32768, n_layer=24, n_head=14, n_kv_head=2, n_embd=896, head_dim=64,
+                  intermediate_size=4864, rope_base=1e6, norm_eps=1e-6, qkv_bias=True, tie_embeddings=True)
+T, PROMPT, B = 512, 32, 4
+
+
+def gib(kib):
+    return round(kib / 2**20, 3)
+
+
+def rss():
+    """(current, peak) resident set in KiB."""
+    with open("/proc/self/status") as f:
+        current = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def one_step(dtype):
+    sys.path.insert(0, ROOT)
+    import torch
+
+    import mars
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    marks = {"imports": rss()}
+    model = GPT(GPTConfig(**QWEN25_05B))
+    n_params = sum(p.numel() for p in model.parameters())
+    marks["weights"] = rss()
+    x = torch.randint(0, 151665, (1, T))
+    y = torch.full((1, T), -1)
+    y[0, PROMPT - 1:] = torch.randint(0, 151665, (T - PROMPT + 1,))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.999), weight_decay=0.0, fused=True)
+    t0 = time.time()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+        loss, _, _ = mars.mars_loss(model, x, y, mask_id=151665, B=B)
+    marks["forward"] = rss()
+    loss.backward()
+    marks["backward"] = rss()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    marks["optimizer_step"] = rss()
+    return {"dtype": dtype, "n_params": n_params, "loss": loss.item(), "seconds": round(time.time() - t0, 1),
+            "threads": torch.get_num_threads(), "logit_rows": 2 * int((y != -1).sum()),
+            "rss_gib": {k: {"current": gib(c), "peak": gib(p)} for k, (c, p) in marks.items()}}
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--one":
+        print(json.dumps(one_step(sys.argv[2])))
+        return
+    runs = []
+    for dtype in ("float32", "bfloat16"):
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", dtype], capture_output=True,
+                              text=True, check=True)
+        runs.append(json.loads(proc.stdout.splitlines()[-1]))
+        print(json.dumps(runs[-1]), flush=True)
+    n = runs[0]["n_params"]
+    rows = runs[0]["logit_rows"]
+    result = {
+        "what": __doc__.strip().splitlines()[0], "config": QWEN25_05B, "tokens": T, "prompt_tokens": PROMPT,
+        "micro_batch": 1, "B": B, "runs": runs,
+        "arithmetic_gib": {  # what the numbers above are made of, and what they mean for one GPU
+            "weights_fp32": round(4 * n / 2**30, 2), "grads_fp32": round(4 * n / 2**30, 2),
+            "adamw_states_fp32": round(8 * n / 2**30, 2), "weights_grads_adamw": round(16 * n / 2**30, 2),
+            "logits_fp32_one_copy": round(rows * QWEN25_05B["vocab_size"] * 4 / 2**30, 2),
+            "qwen2.5_7b_weights_grads_adamw": round(16 * 7.62e9 / 2**30, 1)},
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Linux RSS",
+    }
+    with open(OUT, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,386 @@
+"""Hugging Face directories (hf.py, data.Tokenizer.from_hf, sample.py on them) against
+transformers and tokenizers, offline: tiny random Qwen2 and Llama models and byte-level BPE
+tokenizers are built here, never downloaded. Every parameter is perturbed first (transformers
+initialises biases to 0 and norms to 1, which would hide a wrong mapping), and the padding rows
+of the output head are made to win (the sampler must never emit them)."""
+import io
+import json
+import os
+import random
+import shutil
+import unicodedata
+from dataclasses import asdict
+
+import pytest
+import tokenizers
+import torch
+import transformers
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
+
+import data
+import hf
+import sample
+from conftest import assert_one_line_error, run_cli
+from model import GPT, GPTConfig
+
+QWEN_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+LLAMA3_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+# Qwen2.5-Instruct's template without its tool-calling branches (same whitespace control)
+QWEN_TEMPLATE = r"""{%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+{%- else %}
+    {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant") %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+# Llama-3-Instruct's template
+LLAMA3_TEMPLATE = r"""{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"""
+
+PIECES = ["hello", " world", "The", " the", "café", "cafe\u0301", "A\u030angstr\u00f6m", "naïve", "\ufb01ne", "日本語",
+          "中文文本", "한국어", "😀", "👍🏽", "👨\u200d👩\u200d👧", "❤️", "12345", " 3.14", "2024", "7", " ", "  ", "    ",
+          "\t", "\n", "\r\n", "\n\n", "'s", "'LL", "I'm", " don't", "!!!", "...", "$", "€", "αβγ", "Привет", "مرحبا",
+          "\u00a0", "\u3000", "Ω", "x", "(", ")", "{", "}", "_", "-", ",", ".", "?", "<", "|", ">", "<|", "|>"]
+CORPUS = ["The quick brown fox jumps over the lazy dog. I'm sure they'll see it, don't you think?",
+          "Numbers: 12345, 3.14159 and 2024-06-01! Prices: $5, €7.", "Café, naïve façade, résumé, Ångström.",
+          "日本語のテキストと中文文本，还有한국어。", "Emoji: 😀👍🏽🎉❤️", "def f(x):\n    return x ** 2\r\n",
+          "  leading   spaces\t\ttabs\n\n\nnewlines", "Привет мир, αβγ, مرحبا"]
+
+
+def some_strings(n=1200, seed=0):
+    rng = random.Random(seed)
+    out = PIECES + CORPUS + ["", " ", "\r\n\r\n", "   \n  ", "a" * 50, "1" * 20]
+    return out + ["".join(rng.choice(PIECES) for _ in range(rng.randint(1, 12))) for _ in range(n)]
+
+
+def train_bpe(kind, path):
+    """tokenizer.json: byte-level BPE in Qwen2's pipeline (NFC, Split regex + ByteLevel), its specials
+    after the vocabulary; or in Llama 3's (no normaliser), its specials first (ids held by added tokens)."""
+    t = tokenizers.Tokenizer(models.BPE())
+    if kind == "qwen2":
+        t.normalizer = normalizers.NFC()
+    regex = QWEN_REGEX if kind == "qwen2" else LLAMA3_REGEX
+    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+                                               pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    t.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] if kind == "qwen2" else \
+        ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    trainer = trainers.BpeTrainer(vocab_size=420, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[] if kind == "qwen2" else specials, show_progress=False)
+    t.train_from_iterator(CORPUS * 20 + some_strings(200, seed=1), trainer)
+    if kind == "qwen2":
+        t.add_special_tokens(specials)
+    t.save(str(path / "tokenizer.json"))
+    config = dict(tokenizer_class="PreTrainedTokenizerFast", chat_template=QWEN_TEMPLATE, eos_token="<|im_end|>",
+                  pad_token="<|endoftext|>") if kind == "qwen2" else \
+        dict(tokenizer_class="PreTrainedTokenizerFast", chat_template=LLAMA3_TEMPLATE, bos_token="<|begin_of_text|>",
+             eos_token="<|eot_id|>")
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return t.get_vocab_size()
+
+
+def perturb(m, n_tok, seed=0):
+    """Every parameter random (norms around 1, biases around 0); the output rows past the tokenizer large.
+    A tied model gets smaller embeddings and larger layers, or it would only repeat its input."""
+    g = torch.Generator().manual_seed(seed)
+    embed, layers = (0.5, 0.4) if m.config.tie_word_embeddings else (1.0, 0.15)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.3 * noise if "norm" in name else 0.3 * noise if name.endswith("bias") else
+                    embed * noise if "embed" in name else layers * noise)
+        m.get_output_embeddings().weight[n_tok:] *= 5
+
+
+def build(kind, path, tie, **shape):
+    path.mkdir()
+    n_tok = train_bpe(kind, path)
+    Config, Model = ((transformers.Qwen2Config, transformers.Qwen2ForCausalLM) if kind == "qwen2" else
+                     (transformers.LlamaConfig, transformers.LlamaForCausalLM))
+    cfg = Config(vocab_size=n_tok + 6, max_position_embeddings=256, num_hidden_layers=2, tie_word_embeddings=tie,
+                 rms_norm_eps=1e-5, **shape)
+    torch.manual_seed(0)
+    m = Model(cfg).float()
+    perturb(m, n_tok)
+    m.save_pretrained(path, max_shard_size="40KB" if kind == "qwen2" else "50MB")
+    return path
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    # Qwen2: untied head, GQA (4 query heads, 2 kv heads), head_dim 16 != 48 / 4, sharded weights
+    qwen = build("qwen2", root / "qwen", tie=False, hidden_size=48, intermediate_size=80, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, rope_theta=5000.0)
+    # Llama: tied head, one file
+    llama = build("llama", root / "llama", tie=True, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                  num_key_value_heads=4)
+    # laid out like the authors' MARS release: model_type a2d-qwen2, <|mask|> an added token, blk4 in the name
+    mars = root / "MARS-tiny-blk4"
+    shutil.copytree(qwen, mars)
+    cfg = json.loads((mars / "config.json").read_text())
+    (mars / "config.json").write_text(json.dumps({**cfg, "model_type": "a2d-qwen2", "architectures": ["A2DQwen2LMHeadModel"]}))
+    t = tokenizers.Tokenizer.from_file(str(mars / "tokenizer.json"))
+    t.add_special_tokens(["<|mask|>"])
+    t.save(str(mars / "tokenizer.json"))
+    return {"qwen2": qwen, "llama": llama, "mars": mars}
+
+
+def ours(path):
+    return sample.model_from_checkpoint(hf.read_checkpoint(path))
+
+
+def reference(path):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_logits_equal_transformers_with_shifted_positions_and_cache(dirs, kind):
+    model, tok = ours(dirs[kind])
+    ref = reference(dirs[kind])
+    assert model.config.tie_embeddings == (kind == "llama") and (model.config.n_kv_head < model.config.n_head) == (kind == "qwen2")
+    ids = torch.randint(0, tok.n_vocab - 1, (2, 17), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(17) + torch.tensor([[0], [11]])
+    with torch.no_grad():
+        want = ref(input_ids=ids, position_ids=pos).logits
+        assert want.abs().max() > 1
+        assert (model(ids, positions=pos) - want).abs().max() < 1e-4
+        # KV-cached decoding: a prompt of 9, then one token at a time, against transformers' full forward
+        want = ref(input_ids=ids).logits
+        kv = model.new_cache(2, 32)
+        got = torch.cat([model(ids[:, :9], cache=kv)] + [model(ids[:, t:t + 1], cache=kv) for t in range(9, 17)], 1)
+        assert (got - want).abs().max() < 1e-4
+
+
+def cli(capsys, path, *flags, prompt="Hello café 日本 😀 12345", stdin=None, monkeypatch=None):
+    """sample.main in-process (as `python sample.py --json ...`); the ids of each answer."""
+    capsys.readouterr()
+    args = ["--ckpt", str(path), "--json", "--max_new_tokens", "12", "--device", "cpu", *flags]
+    if stdin is None:
+        args += ["--prompt", prompt]
+    else:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        args += ["--chat"]
+    sample.main(args)
+    return [json.loads(line)["ids"] for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
+def hf_greedy(path, tok, prompt="Hello café 日本 😀 12345", n=12):
+    """transformers' greedy generate on apply_chat_template's ids, ids without a token suppressed as ours are."""
+    hftok = transformers.AutoTokenizer.from_pretrained(path)
+    x = hftok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+    x = torch.tensor([x["input_ids"]])
+    assert x[0].tolist() == tok.prompt_ids(prompt)
+    ref = reference(path)
+    rows = ref.config.vocab_size
+    out = ref.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                                   eos_token_id=tok.eot, pad_token_id=tok.eot,
+                                   suppress_tokens=[tok.mask, *range(tok.n_vocab, rows)])
+    return out[0, x.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_ar_greedy_generation_through_the_chat_template(dirs, kind, capsys):
+    _, tok = ours(dirs[kind])
+    want = hf_greedy(dirs[kind], tok)
+    assert len(want) == 12 and any(t != want[0] for t in want)
+    assert cli(capsys, dirs[kind], "--ar") == [want]
+
+
+def test_mars_release_threshold_lossless_caches_chat(dirs, capsys, monkeypatch):
+    ckpt = hf.read_checkpoint(dirs["mars"])
+    assert ckpt["mars"] == {"B": 4} and ckpt["hf"]["model_type"] == "a2d-qwen2" and "train_config" not in ckpt
+    _, tok = sample.model_from_checkpoint(ckpt)
+    _, plain = ours(dirs["qwen2"])
+    assert tok.mask == plain.mask == plain.n_vocab - 1 and tok.decode([tok.mask]) == "<|mask|>"
+    want = hf_greedy(dirs["qwen2"], plain)  # the same weights, as transformers' Qwen2
+    assert cli(capsys, dirs["mars"], "--ar") == [want]
+    for flags in [("--threshold", "1.0"), ("--threshold", "1.0", "--cache", "block"), ("--threshold", "1.0", "--cache", "none"),
+                  ("--lossless",), ("--lossless", "--cache", "none"), ("--ar", "--cache", "block"), ("--ar", "--cache", "none")]:
+        assert cli(capsys, dirs["mars"], *flags) == [want], flags
+    assert cli(capsys, dirs["mars"], "--threshold", "1.0", stdin="Hello café 日本 😀 12345\n", monkeypatch=monkeypatch) == [want]
+    got = cli(capsys, dirs["mars"], "--threshold", "0.01")[0]  # accepts several per forward: only real tokens
+    assert len(got) == 12 and all(t < tok.n_vocab and t != tok.mask for t in got)
+
+
+def test_sampler_never_emits_ids_without_a_token(dirs):
+    model, tok = ours(dirs["qwen2"])  # its padding rows' logits are large: unbanned, they win
+    prompt = [tok.prompt_ids("Hi there")]
+    free = sample.generate(model, prompt, tok.eot, tok.mask, max_new_tokens=12)[0].tokens
+    assert any(t >= tok.n_vocab for t in free)
+    for kw in [dict(), dict(B=4, tau=0.5), dict(B=4, tau=0.5, cache="block"), dict(B=4, lossless=True),
+               dict(temperature=1.0)]:
+        got = sample.generate(model, prompt, tok.eot, tok.mask, max_new_tokens=12, n_vocab=tok.n_vocab, **kw)[0].tokens
+        assert len(got) == 12 and max(got) < tok.n_vocab and tok.mask not in got, kw
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_tokenizer_ids_equal_tokenizers(dirs, kind):
+    tok = data.Tokenizer.from_state(hf.read_checkpoint(dirs[kind])["tokenizer"])  # through a checkpoint's state
+    ref = tokenizers.Tokenizer.from_file(str(dirs[kind] / "tokenizer.json"))
+    strings = some_strings()
+    assert len(strings) >= 1000
+    for s in strings:
+        ids = tok.encode(s)
+        assert ids == ref.encode(s, add_special_tokens=False).ids, repr(s)
+        assert tok.decode(ids) == (unicodedata.normalize("NFC", s) if kind == "qwen2" else s)
+    if kind == "qwen2":
+        assert tok.encode("cafe\u0301") == tok.encode("café")  # NFC, as Qwen2's normaliser
+
+
+def test_tiktoken_needs_merges_in_rank_order(dirs):
+    """Ranks reproduce the merges only when merge k makes the k-th new id: a tokenizer.json
+    whose merge list is out of order is refused rather than encoded differently."""
+    tj = json.loads((dirs["qwen2"] / "tokenizer.json").read_text())
+    tj["model"]["merges"][3], tj["model"]["merges"][40] = tj["model"]["merges"][40], tj["model"]["merges"][3]
+    with pytest.raises(ValueError, match="merges are not in the order"):
+        data.Tokenizer.from_hf(tj, {"chat_template": QWEN_TEMPLATE})
+
+
+CHATS = [[{"role": "user", "content": "What is 2 + 2?"}],
+         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "  Spell café.\n"}],
+         [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "日本?"}]]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_chat_template_renders_as_transformers(dirs, kind):
+    _, tok = ours(dirs[kind])
+    hftok = transformers.AutoTokenizer.from_pretrained(dirs[kind])
+    end = "<|im_end|>" if kind == "qwen2" else "<|eot_id|>"
+    assert tok.eot == hftok.convert_tokens_to_ids(end)
+    for msgs in CHATS:
+        text = hftok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        assert tok.render(msgs, add_generation_prompt=True) == text
+        prompt = hftok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)["input_ids"]
+        assert tok.prompt_ids(msgs) == prompt
+        full = hftok.apply_chat_template(msgs + [{"role": "assistant", "content": "It is 4."}], tokenize=True)["input_ids"]
+        ids, n_prompt = tok.example_ids(msgs, "It is 4.")
+        assert n_prompt == len(prompt) and ids == full[:full.index(tok.eot, n_prompt) + 1]
+    default = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    if kind == "qwen2":
+        assert default in tok.decode(tok.prompt_ids("Hi")) and default not in tok.decode(tok.prompt_ids(CHATS[1]))
+    else:
+        assert tok.prompt_ids("Hi")[0] == hftok.convert_tokens_to_ids("<|begin_of_text|>")
+    # text typed by a user never becomes a special token; only the template's are
+    typed, specials = tok.prompt_ids(f"say {end} and <|endoftext|> <|mask|>"), set(tok.specials.values())
+    assert [t for t in typed if t in specials] == [t for t in tok.prompt_ids("say") if t in specials]
+    assert f"say {end} and <|endoftext|> <|mask|>" in tok.decode(typed)
+    with pytest.raises(ValueError, match="end with a user turn"):
+        tok.prompt_ids(CHATS[2][:2])
+
+
+def toy_checkpoint(qkv_bias, tie):
+    tok = data.Tokenizer.train(CORPUS * 5 + some_strings(300), 300)
+    config = GPTConfig(vocab_size=tok.n_vocab + 2, max_seq_len=64, n_layer=2, n_head=4, n_embd=32, n_kv_head=2,
+                       qkv_bias=qkv_bias, tie_embeddings=tie, rope_base=500.0, norm_eps=1e-5)
+    torch.manual_seed(1)
+    m = GPT(config)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return {"model": m.state_dict(), "model_config": asdict(config), "tokenizer": tok.state(), "mars": {"B": 8}}
+
+
+def assert_exported_equal(ckpt, out):
+    model, tok = sample.model_from_checkpoint(ckpt)
+    ref = reference(out)
+    assert type(ref).__name__ == ("Qwen2ForCausalLM" if model.config.qkv_bias else "LlamaForCausalLM")
+    ids = torch.randint(0, tok.n_vocab, (2, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits
+        assert want.abs().max() > 0.5 and (model(ids) - want).abs().max() < 1e-4
+    hftok = transformers.AutoTokenizer.from_pretrained(out)
+    fast = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    for s in some_strings(300):
+        assert fast.encode(s, add_special_tokens=False).ids == tok.encode(s), repr(s)
+    for msgs in CHATS[:1] + CHATS[2:]:
+        assert hftok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)["input_ids"] == tok.prompt_ids(msgs)
+    assert hftok.convert_tokens_to_ids("<|mask|>") == tok.mask and hftok.eos_token_id == tok.eot
+    back = hf.read_checkpoint(out)  # and the export reads back as it was
+    assert back.get("mars") == ckpt.get("mars") and back["model_config"] == asdict(model.config)
+    assert data.Tokenizer.from_state(back["tokenizer"]).prompt_ids(CHATS[2]) == tok.prompt_ids(CHATS[2])
+
+
+@pytest.mark.parametrize("qkv_bias,tie", [(False, True), (True, False)])
+def test_export_toy_checkpoint_round_trip(tmp_path, qkv_bias, tie):
+    ckpt = toy_checkpoint(qkv_bias, tie)
+    path = tmp_path / "toy.pt"
+    torch.save(ckpt, path)
+    proc = run_cli(["hf.py", "export", path, tmp_path / "out"])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["mars_block_size"] == 8
+    assert_exported_equal(ckpt, tmp_path / "out")
+
+
+def test_export_of_a_hugging_face_model_round_trip(dirs, tmp_path):
+    ckpt = hf.read_checkpoint(dirs["qwen2"])
+    hf.export(ckpt, tmp_path / "out")
+    assert "mars" not in ckpt and "mars_block_size" not in json.loads((tmp_path / "out" / "config.json").read_text())
+    assert_exported_equal(ckpt, tmp_path / "out")
+
+
+def test_toy_state_of_earlier_checkpoints_loads_unchanged():
+    tok = data.Tokenizer.train(CORPUS * 5, 300)
+    old = data.Tokenizer.from_state({"pattern": tok.pattern, "tokens": tok.state()["tokens"]})
+    n = len(tok.state()["tokens"])
+    assert (old.eot, old.mask, old.user, old.assistant, old.n_vocab) == (n, n + 1, n + 2, n + 3, n + 4)
+    prompt = [n, n + 2, *tok.encode("Hi <|user|>"), n + 3]  # <|endoftext|><|user|>prompt<|assistant|>
+    assert old.example_ids("Hi <|user|>", "Yo") == (prompt + tok.encode("Yo") + [n], len(prompt))
+
+
+@pytest.mark.parametrize("change,words", [({"model_type": "mistral"}, "model_type 'mistral'"),
+                                          ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling 'llama3'"),
+                                          ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_scaling 'yarn'"),
+                                          ({"use_sliding_window": True}, "sliding-window"),
+                                          ({"attention_bias": True}, "attention_bias")])
+def test_unsupported_configs_are_refused_in_one_line(dirs, change, words):
+    cfg = {**json.loads((dirs["llama"] / "config.json").read_text()), **change}
+    with pytest.raises(ValueError, match=words) as e:
+        hf.config_from_hf(cfg)
+    assert "\n" not in str(e.value)
+
+
+def test_command_line_refusals(dirs, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(dirs["llama"], bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral"}))
+    proc = run_cli(["sample.py", "--ckpt", bad, "--ar", "--prompt", "hi", "--device", "cpu"])
+    assert_one_line_error(proc)
+    assert "model_type 'mistral' is not supported" in proc.stderr
+    (bad / "config.json").write_text(json.dumps({**cfg, "vocab_size": data.Tokenizer.from_state(
+        hf.read_checkpoint(dirs["llama"])["tokenizer"]).n_vocab - 1}))  # no row left for <|mask|>
+    proc = run_cli(["hf.py", "export", bad, tmp_path / "out"])
+    assert_one_line_error(proc)
+    assert "no spare embedding row for <|mask|>" in proc.stderr
+    with pytest.raises(sample.UserError, match="give --prompt or --chat"):  # no held-out prompts of its own
+        sample.main(["--ckpt", str(dirs["llama"]), "--ar", "--device", "cpu"])
+
+
+@pytest.mark.skipif(not os.environ.get("MARS_HF_CKPT"), reason="set MARS_HF_CKPT to a real checkpoint directory")
+def test_real_checkpoint():
+    """E.g. MARS_HF_CKPT=~/models/MARS-Qwen2.5-0.5B-blk4: logits, tokenizer, template and greedy ids as transformers'."""
+    path = os.environ["MARS_HF_CKPT"]
+    ckpt = hf.read_checkpoint(path)
+    model, tok = sample.model_from_checkpoint(ckpt)
+    ref = transformers.Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32) if ckpt["hf"]["model_type"] == \
+        "a2d-qwen2" else reference(path)
+    hftok = transformers.AutoTokenizer.from_pretrained(path)
+    ids = hftok.apply_chat_template(CHATS[0], add_generation_prompt=True, tokenize=True)["input_ids"]
+    assert tok.prompt_ids(CHATS[0]) == ids
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        assert (model(x) - ref(input_ids=x).logits).abs().max() < 1e-3
+    want = ref.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=16, eos_token_id=tok.eot,
+                        suppress_tokens=[tok.mask, *range(tok.n_vocab, model.config.vocab_size)])[0, len(ids):].tolist()
+    got = sample.generate(model, [ids], tok.eot, tok.mask, max_new_tokens=16, n_vocab=tok.n_vocab)[0].tokens
+    assert got == want
+    for s in some_strings(300):
+        assert tok.encode(s) == hftok.encode(s, add_special_tokens=False), repr(s)
