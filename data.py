@@ -551,7 +551,10 @@ class Tokenizer:
 
     def render(self, messages, add_generation_prompt=False):
         """The chat text of messages, as transformers' apply_chat_template(tokenize=False) writes it."""
-        return self.render_fn(messages=messages, add_generation_prompt=add_generation_prompt, **self.template_vars)
+        try:
+            return self.render_fn(messages=messages, add_generation_prompt=add_generation_prompt, **self.template_vars)
+        except jinja2.TemplateError as e:
+            raise ValueError(f"chat template: {e}") from None
 
     def chat_ids(self, text):
         """ids of rendered chat text: special tokens where the template wrote them, the rest plain text."""
@@ -568,6 +571,8 @@ class Tokenizer:
         if not msgs or msgs[-1].get("role") != "user":
             raise ValueError("a prompt's messages must end with a user turn")
         msgs += [] if response is None else [{"role": "assistant", "content": response}]
+        if not all(isinstance(m.get("content"), str) for m in msgs):
+            raise ValueError("every message needs a string content")
         guard = lambda m: m.group()[0] + MARK + m.group()[1:]  # noqa: E731
         return [{**m, "content": self.split.sub(guard, m["content"].replace(MARK, ""))} for m in msgs]
 

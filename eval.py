@@ -155,7 +155,8 @@ def score(model, tok, examples, batch_size=64, **decode):
     correct, tokens, forwards, outputs, batches = [], [], [], [], []
     for i in range(0, len(examples), batch_size):
         batch = examples[i:i + batch_size]
-        gens = generate(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask, **decode)
+        gens = generate(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask,
+                        **{"n_vocab": tok.n_vocab, **decode})  # never an id past the tokenizer (a real model's rows)
         batches.append(gens)
         for e, g in zip(batch, gens):
             correct.append(int(data.check(e, tok.decode([t for t in g.tokens if t != tok.eot]))))
@@ -357,6 +358,9 @@ def main(argv=None):
         m.eval()
     model, tok = models[0]
     B = ckpts[0]["mars"]["B"]
+    if "train_config" not in ckpts[0]:  # a Hugging Face directory: no held-out split of its own
+        raise UserError(f"{args.ckpt[0]} has no held-out test set of its training data: score it on yours "
+                        "with --data my_eval.jsonl")
     cfg = ckpts[0]["train_config"]
     test = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["test"][:args.limit]
     if not test:
@@ -453,7 +457,7 @@ def score_jsonl(args):
     rows = []
     print(f"{args.ckpt[0]} on {len(examples)} records of {args.data} (B = {B})", file=sys.stderr)
     for tau in taus:
-        r = score(model, tok, examples, B=B, tau=tau, max_new_tokens=args.max_new_tokens, n_vocab=tok.n_vocab)
+        r = score(model, tok, examples, B=B, tau=tau, max_new_tokens=args.max_new_tokens)
         rows.append({"threshold": tau, **{k: v for k, v in r.items() if k != "outputs"}})
         print(f"  tau={tau}: accuracy {100 * r['accuracy']:.1f}% [{100 * r['ci'][0]:.1f}, {100 * r['ci'][1]:.1f}], "
               f"{r['tokens_per_forward']:.2f} tokens/forward", file=sys.stderr, flush=True)

@@ -103,12 +103,13 @@ def read_weights(path, device, dtype):
 
 
 def block_size(path, c):
-    """MARS's B when the directory is a MARS model: our export records it; the authors' names say blk4, blk8, blk16."""
+    """MARS's B when the directory is a MARS model: our export records it; the authors' names say blk4, blk8,
+    blk16 (read from the path, e.g. a hub cache's models--Xalphinions--MARS-Qwen2.5-0.5B-blk8/...), else 4."""
     if "mars_block_size" in c:
         return int(c["mars_block_size"])
     if c.get("model_type") == "a2d-qwen2":
-        m = re.search(r"blk(\d+)", os.path.basename(os.path.normpath(path)))
-        return int(m.group(1)) if m else 4
+        found = re.findall(r"blk(\d+)", os.path.abspath(path))
+        return int(found[-1]) if found else 4
     return None
 
 
@@ -129,8 +130,9 @@ def read_checkpoint(path, device="cpu", dtype=None):
                                  template, n_rows=config.vocab_size)
     ckpt = {"model": state, "model_config": asdict(config), "tokenizer": tok.state(), "stage": "hf",
             "hf": {"path": os.path.abspath(path), "model_type": c["model_type"]}}
-    if block_size(path, c):
-        ckpt["mars"] = {"B": block_size(path, c)}
+    B = block_size(path, c)
+    if B:
+        ckpt["mars"] = {"B": B}
     return ckpt
 
 

@@ -4,6 +4,8 @@
     python sample.py --ar                     # plain AR decoding, for comparison
     python sample.py --prompt "Write 42 in words." --threshold 0.8
     python sample.py --chat                   # type prompts; "/tau 0.7" turns the knob
+    python sample.py --ckpt DIR --chat --dtype bfloat16   # a Hugging Face directory (hf.py), e.g. the
+                                              # authors' MARS-Qwen2.5-0.5B-blk4; its own chat template
 
 Every decoder is a short loop around one step (`decode_step`): feed each row's
 window [uncached real tokens | drafts | masks] against the KV cache, read the
@@ -308,7 +310,7 @@ class Batch:
         self.n_forwards, self.log = 0, []
 
     def forward(self):
-        """decode_step for every row; each row takes part in it (the paper counts it for all)."""
+        """decode_step for every row; it counts in every row's steps, and once in the batch's forwards."""
         if self.trace is not None:
             before = [r.cached if self.kv is not None else 0 for r in self.rows]
             self.log = [dict(step=self.n_forwards, row=i, fed=window(r, self.mask_id, c), committed=[],
@@ -448,7 +450,7 @@ def show(tok, example, g, as_json, colour):
     for a held-out prompt (its answer known) whether it is right, and if not, what was expected."""
     n, text = len(g.tokens), tok.decode([t for t in g.tokens if t != tok.eot])
     correct = data.check(example, text) if "answer" in example else None
-    # forwards as the paper counts them: every forward the row took part in (the block cache's waits and writes too)
+    # our count: every forward the row took part in (the block cache's waits and writes too); see official_tpf
     stats = dict(tokens=n, forwards=g.steps, tokens_per_forward=n / max(g.steps, 1),
                  seconds=g.seconds, tokens_per_second=n / max(g.seconds, 1e-9))
     if as_json:

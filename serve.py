@@ -27,8 +27,8 @@ without swapping models or restarting", and never measures it. This is that expe
    time advances by a step-cost model t(batch, window width) profiled at start-up, so
    that a noisy shared machine does not change the result.
 Why --max_batch 8: a CPU forward's cost grows with the tokens it carries almost at once,
-and a joining prompt pads every row's window (capacity in requests/s at tau = 1.0 / 0.9,
-cpu checkpoint, one thread: 107 / 209 at batch 4, 117 / 231 at 8, 100 / 216 at 16).
+and a joining prompt pads every row's window; the capacities measured at start-up are in
+serve.json ("capacity"), and a GPU stays cheap per token far longer: use more there.
 """
 import json
 import os
@@ -201,19 +201,21 @@ class StepCost:
     @classmethod
     @torch.inference_mode()
     def profile(cls, model, mask_id, max_batch, B, repeats=8):
-        """The fastest of `repeats` timings of decode_step at each grid point, rows with half a context
-        cached. The minimum, and rounds over the whole grid rather than repeats in a row: on a shared
-        machine other processes only ever add time, and a busy spell then spoils no point for good."""
+        """The fastest of `repeats` timings of decode_step at each grid point, rows with about half a
+        context cached, each a different length: the ragged rows the engine almost always runs (equal
+        lengths would take the cache's cheaper slice path). The minimum, and rounds over the whole grid
+        rather than repeats in a row: on a shared machine other processes only ever add time, and a busy
+        spell then spoils no point for good."""
         max_seq = model.config.max_seq_len
         batches = sorted({2 ** k for k in range(max_batch.bit_length())} | {max_batch})
         widths = [w for w in (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96) if w < max_seq + B] + [max_seq + B]
-        cached = max_seq // 2
+        cached = [max_seq // 2 - k % 4 for k in range(max_batch)]
         caches = {b: model.new_cache(b, 2 * max_seq + 2 * B) for b in batches}
         seconds = np.full((len(batches), len(widths)), np.inf)
         for round in range(repeats + 1):  # round 0 is a warm-up
             for i, b in enumerate(batches):
                 for j, w in enumerate(widths):
-                    rows = [Row(ids=[mask_id] * (cached + w), cached=cached) for _ in range(b)]
+                    rows = [Row(ids=[mask_id] * (c + w), cached=c) for c in cached[:b]]
                     t0 = time.perf_counter()
                     decode_step(model, rows, caches[b], mask_id)[0].tolist()  # to the host: waits for the device
                     if round:
@@ -296,13 +298,13 @@ def capacity(model, tok, examples, tau, B, max_batch, make_clock, max_new_tokens
 def calibrate(model, tok, calib, B, args, make_clock):
     """(capacity at tau = 1.0, at the lowest tau of the ladder, the SLO): a full queue of calibration prompts."""
     low, mb, n = args.ladder[-1], args.max_batch, args.max_new_tokens
-    t0 = time.time()
+    t0 = time.perf_counter()
     simulate(model, tok, [(0.0, e) for e in calib[:2 * mb]], Fixed(low), B, mb, make_clock(), n)  # a warm-up: the
     cap, service = capacity(model, tok, calib, 1.0, B, mb, make_clock, n)  # first forwards of each shape are slow
     cap_low, _ = capacity(model, tok, calib, low, B, mb, make_clock, n)
     slo = args.slo or 3 * service
     print(f"capacity at max_batch {mb}: {cap:.1f} requests/s at tau = 1.0, {cap_low:.1f} at tau = {low} "
-          f"({cap_low / cap:.2f}x); SLO {slo:.3f} s; {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+          f"({cap_low / cap:.2f}x); SLO {slo:.3f} s; {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
     return cap, cap_low, slo
 
 
@@ -396,7 +398,7 @@ def main(argv=None):
     policies = {"ar": (1, lambda: Fixed(1.0)), "tau=1.0": (B, lambda: Fixed(1.0)), f"tau={low}": (B, lambda: Fixed(low)),
                 "adaptive": (B, lambda: Adaptive(ladder=tuple(args.ladder)))}
     os.makedirs(args.out_dir, exist_ok=True)
-    t0 = time.time()
+    t0 = time.perf_counter()
     # start-up: the step-cost model, then the capacities it implies
     cost = StepCost.profile(model, tok.mask, args.max_batch, B) if args.clock == "virtual" else None
     make_clock = (lambda: VirtualClock(cost)) if cost else WallClock
@@ -409,11 +411,11 @@ def main(argv=None):
         nonlocal done
         out = {}
         for policy, (b, make_policy) in policies.items():
-            t_run = time.time()
+            t_run = time.perf_counter()
             out[policy] = simulate(model, tok, trace, make_policy(), b, args.max_batch, make_clock(), args.max_new_tokens)
             done += len(trace)
-            print(f"  {name:8s} {policy:9s} {len(trace):4d} requests in {time.time() - t_run:5.1f}s | "
-                  f"ETA {(time.time() - t0) / done * max(total - done, 0):.0f}s", file=sys.stderr, flush=True)
+            print(f"  {name:8s} {policy:9s} {len(trace):4d} requests in {time.perf_counter() - t_run:5.1f}s | "
+                  f"ETA {(time.perf_counter() - t0) / done * max(total - done, 0):.0f}s", file=sys.stderr, flush=True)
         return out
 
     # the three-phase trace
@@ -445,7 +447,7 @@ def main(argv=None):
     plot(result, {policy: steps for policy, (_, steps) in served.items()}, [a for a, _ in trace],
          os.path.join(args.out_dir, "serve.png"))
     print(markdown(result))
-    print(f"done in {time.time() - t0:.0f}s: {args.out_dir}/serve.json, {args.out_dir}/serve.png", file=sys.stderr)
+    print(f"done in {time.perf_counter() - t0:.0f}s: {args.out_dir}/serve.json, {args.out_dir}/serve.png", file=sys.stderr)
 
 
 if __name__ == "__main__":

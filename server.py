@@ -435,7 +435,7 @@ def summarise_http(recs, start, end, slo):
 def http_load(args):
     model, tok, B, ckpt = serve.load_mars(args.ckpt, args.device)
     test, calib = serve.prompts_for_load(ckpt, tok, model.config.max_seq_len, args.max_batch)
-    t0 = time.time()
+    t0 = time.perf_counter()
     cap, _, slo = serve.calibrate(model, tok, calib, B, args, serve.WallClock)  # in-process, on the wall clock
     seconds = args.requests / (cap * sum(m for _, m in serve.PHASES))
     phases = [(name, m * cap, seconds) for name, m in serve.PHASES]
@@ -445,14 +445,14 @@ def http_load(args):
         httpd = build(args, model, tok, B, "mars", port=0, policy=policy)
         httpd.loop.max_queue = len(trace) + 1  # the experiment measures queueing, not refusals
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        t_run = time.time()
+        t_run = time.perf_counter()
         try:
             recs = drive(httpd.url, trace, args.max_new_tokens)
         finally:
             httpd.stop()
         runs += serve.by_phase(label, recs, phases, lambda rs, a, b: summarise_http(rs, a, b, slo))
         whole.append(runs.pop())
-        print(f"  http {label:9s} {len(trace):4d} requests in {time.time() - t_run:5.1f}s", file=sys.stderr, flush=True)
+        print(f"  http {label:9s} {len(trace):4d} requests in {time.perf_counter() - t_run:5.1f}s", file=sys.stderr, flush=True)
     result = {"clock": "wall, over HTTP", "max_batch": args.max_batch, "slo_seconds": slo, "machine": machine(),
               "runs": runs, "whole_trace": whole, "ckpt": args.ckpt, "B": B, "ladder": args.ladder,
               "capacity": {"tau=1.0": cap}, "phases": [{"phase": n, "rate": r, "seconds": s} for n, r, s in phases],
@@ -463,7 +463,7 @@ def http_load(args):
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     print(markdown(result))
-    print(f"done in {time.time() - t0:.0f}s: {path}", file=sys.stderr)
+    print(f"done in {time.perf_counter() - t0:.0f}s: {path}", file=sys.stderr)
 
 
 def flags(p):

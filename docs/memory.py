@@ -1,6 +1,6 @@
 """Peak memory of one MARS training step of a model shaped exactly like Qwen2.5-0.5B-Instruct.
 
-    python docs/memory.py          # a few minutes and ~12 GB of RAM -> docs/memory_qwen2.5-0.5b.json
+    python docs/memory.py          # minutes, ~9 GB of RAM -> docs/memory_qwen2.5-0.5b.json
 
 Random weights built from the configuration alone (nothing is downloaded): hidden 896, 24
 layers, 14 query heads and 2 key/value heads of 64, SwiGLU width 4864, vocabulary 151,936 rows,

@@ -52,11 +52,14 @@ def code_cells(nb):
 
 
 def output_kinds(cell):
-    """What a cell shows, not its exact text (timings and addresses change run to run): stream names,
-    mime types of rich outputs, errors."""
+    """What a cell shows, not its exact text (timings and addresses change run to run): stdout, the mime
+    types of rich outputs, errors. Not stderr: warnings come and go with the machine's caches."""
     kinds = set()
     for out in cell.get("outputs", []):
-        kinds |= {out["name"]} if out["output_type"] == "stream" else set(out.get("data", {})) or {out["output_type"]}
+        if out["output_type"] == "stream":
+            kinds |= {"stdout"} if out["name"] == "stdout" else set()
+        else:
+            kinds |= set(out.get("data", {})) or {out["output_type"]}
     return kinds
 
 
