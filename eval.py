@@ -546,7 +546,8 @@ def markdown(result):
     for s in result["speed"]:
         lo, hi = s["speedup_spread"]
         lines.append(f"| {s['decoder']} | {s['batch_size']} | {s['threshold'] or '-'} | {s['cache_block'] or '-'} | "
-                     f"{s['tokens_per_forward']:.2f} | {s['tokens_per_forward_official']:.2f} | {s['tokens_per_second']:.0f} | "
+                     f"{s['tokens_per_forward']:.2f} | {s['tokens_per_forward_official']:.2f} | "
+                     f"{s['tokens_per_second']:.0f} | "
                      f"{s['speedup']:.2f}x [{lo:.2f}, {hi:.2f}] |")
     lines += ["", "AR's own bracket is the range of its rate over the run, over its median: the drift that "
               "alternating AR and the decoder batch by batch keeps out of the ratios.",

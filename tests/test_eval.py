@@ -133,7 +133,8 @@ def test_eval_writes_tables(tiny_run, tmp_path):
                 1 < s["tokens_per_forward_official"] <= s["batch_size"]
             continue
         # the speedup is the median over the repeats of each repeat's rate ratio, the bracket their range
-        ratios, rates, ar_rates = s["speedup_repeats"], s["tokens_per_second_repeats"], s["ar_tokens_per_second_repeats"]
+        ratios, rates = s["speedup_repeats"], s["tokens_per_second_repeats"]
+        ar_rates = s["ar_tokens_per_second_repeats"]
         assert len(ratios) == len(rates) == len(ar_rates) == 2
         assert ratios == pytest.approx([x / a for x, a in zip(rates, ar_rates)], rel=1e-12)
         assert s["speedup"] == statistics.median(ratios) and s["speedup_spread"] == [min(ratios), max(ratios)]

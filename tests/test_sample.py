@@ -304,8 +304,9 @@ def test_ragged_batches_near_the_context_limit_fit_the_kv_cache(m, monkeypatch):
     assert max(need for need, _ in spy.needs) > 64 + 2 * 4  # the old sizing could not hold it
     # every decoder, ragged batches of long and short prompts, up to the context
     prompts = random_prompts((60, 3, 41, 1, 57, 63, 9), seed=6)
-    for kw in (dict(B=1), dict(B=8, tau=0.3), dict(B=4, lossless=True), dict(B=4, tau=0.3, cache="block", cache_block=4),
-               dict(B=8, tau=0.3, cache="block", cache_block=16), dict(B=1, cache="block", cache_block=32)):
+    for kw in (dict(B=1), dict(B=8, tau=0.3), dict(B=4, lossless=True),
+               dict(B=4, tau=0.3, cache="block", cache_block=4), dict(B=8, tau=0.3, cache="block", cache_block=16),
+               dict(B=1, cache="block", cache_block=32)):
         for n in (2, N):
             gens = gen(m, prompts, max_new_tokens=n, **kw)
             assert all(len(p) + len(g.tokens) <= 64 for p, g in zip(prompts, gens))
