@@ -496,9 +496,13 @@ class Tokenizer:
         ordinary = {s: a["id"] for s, a in added.items() if not a.get("special")}
         if "<|mask|>" not in added:
             free = 1 + max([*ranks.values(), *(a["id"] for a in added.values())])
+            # Llama 3 fills every row: a reserved special token, which no template writes, serves instead
+            reserved = sorted((i, s) for s, i in specials.items() if s.startswith("<|reserved_special_token"))
             if n_rows is not None and free >= n_rows:
-                raise ValueError(f"no spare embedding row for <|mask|>: the tokenizer has {free} tokens and the "
-                                 f"model {n_rows} rows")
+                if not reserved:
+                    raise ValueError(f"no spare embedding row for <|mask|>: the tokenizer has {free} tokens and "
+                                     f"the model {n_rows} rows")
+                free = specials.pop(reserved[0][1])
             specials["<|mask|>"] = free
         template = chat_template or tokenizer_config.get("chat_template")
         if isinstance(template, list):  # named templates: the default one

@@ -384,3 +384,19 @@ def test_real_checkpoint():
     assert got == want
     for s in some_strings(300):
         assert tok.encode(s) == hftok.encode(s, add_special_tokens=False), repr(s)
+
+
+def test_llama3_without_a_spare_row_takes_a_reserved_token_for_mask(dirs, tmp_path):
+    """Llama 3 has as many rows as tokens: <|mask|> takes its first reserved special token, which no
+    template writes, so MARS still adds no parameter; the template's own tokens keep their ids."""
+    t = tokenizers.Tokenizer.from_file(str(dirs["llama"] / "tokenizer.json"))
+    t.add_special_tokens(["<|reserved_special_token_0|>", "<|reserved_special_token_1|>"])
+    t.save(str(tmp_path / "tokenizer.json"))
+    config = json.loads((dirs["llama"] / "tokenizer_config.json").read_text())
+    full = json.loads((tmp_path / "tokenizer.json").read_text())
+    tok = data.Tokenizer.from_hf(full, config, n_rows=t.get_vocab_size())
+    assert tok.mask == t.token_to_id("<|reserved_special_token_0|>")
+    assert tok.eot == t.token_to_id("<|eot_id|>")
+    with pytest.raises(ValueError, match="no spare embedding row"):  # neither a spare row nor a reserved token
+        data.Tokenizer.from_hf(json.loads((dirs["llama"] / "tokenizer.json").read_text()), config,
+                               n_rows=tokenizers.Tokenizer.from_file(str(dirs["llama"] / "tokenizer.json")).get_vocab_size())
