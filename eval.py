@@ -45,9 +45,10 @@ import torch
 
 import data
 import mars
-from sample import Parser, UserError, generate, load_checkpoint, model_from_checkpoint, official_tpf, run_cli
-
-Z95 = statistics.NormalDist().inv_cdf(0.975)  # 1.96
+from cli import Parser, UserError, run_cli
+from sample import generate, load_checkpoint, model_from_checkpoint, official_tpf
+from eval_report import markdown, plot
+from stats import paired, wilson
 
 # The paper's Table 5 (Qwen2.5-7B, one H200, GSM8K, tau = 0.95), for the report.
 PAPER_TABLE5 = ("paper (Qwen2.5-7B, one H200, GSM8K, tau = 0.95): block cache 1.71x at batch 4 (B_cache 32), "
@@ -70,60 +71,6 @@ FIELDS = {
     "speedup": "median over repeats of (decoder's tokens/s) / (AR's tokens/s), both over one pass of the speed "
                "prompts, batch by batch alternating; speedup_spread is [min, max], the lists are *_repeats",
 }
-
-# ---------------------------------------------------------------------------
-# Statistics: a 95% interval for an accuracy, and for the difference of two
-# decoders that answered the same prompts.
-
-
-def wilson(k, n, z=Z95):
-    """Wilson score interval for k successes in n trials: unlike p +- z*se it
-    stays inside [0, 1] and does not collapse to a point at 0% or 100%."""
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return [centre - half, centre + half]
-
-
-def mcnemar_p(b, c):
-    """Exact two-sided McNemar test: b prompts only the first decoder got right,
-    c only the second. Under 'equally accurate' each of the b + c discordant
-    prompts is a fair coin, so the p-value is a binomial tail."""
-    n, k = b + c, min(b, c)
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
-
-
-def newcombe_paired(both, a_only, b_only, neither, z=Z95):
-    """95% interval for p_a - p_b from a paired 2x2 table: Newcombe's hybrid score interval for paired
-    proportions (Newcombe 1998, Statistics in Medicine 17:2635, method 10; the "square-and-add" interval of
-    Fagerland, Lydersen and Laake, Statistical Analysis of Contingency Tables, ch. 8). Each accuracy gets its
-    Wilson interval [l, u]; the two distances from the estimates are combined as for a difference, corrected by
-    phi, the correlation of the two accuracies over the prompts (shrunk towards 0 when positive). Unlike the
-    Wald interval from the discordant pairs it does not collapse to [0, 0] when there are none, and it stays
-    inside [-1, 1]."""
-    n = both + a_only + b_only + neither
-    p1, p2 = (both + a_only) / n, (both + b_only) / n
-    (l1, u1), (l2, u2) = wilson(both + a_only, n, z), wilson(both + b_only, n, z)
-    margins = (both + a_only) * (b_only + neither) * (both + b_only) * (a_only + neither)
-    cross = both * neither - a_only * b_only
-    cross = cross - n / 2 if cross > n / 2 else min(cross, 0)
-    phi = cross / math.sqrt(margins) if margins else 0.0
-    d = p1 - p2
-    lo = d - math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0))
-    hi = d + math.sqrt(max((p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2, 0))
-    return [lo, hi]
-
-
-def paired(a, b, z=Z95):
-    """Accuracy of a minus accuracy of b (per-prompt 0/1 lists, same prompts):
-    the difference, its 95% interval (Newcombe's, `newcombe_paired`), McNemar's p."""
-    n = len(a)
-    a_only = sum(x > y for x, y in zip(a, b))
-    b_only = sum(y > x for x, y in zip(a, b))
-    both = sum(x and y for x, y in zip(a, b))
-    return {"diff": (a_only - b_only) / n, "ci": newcombe_paired(both, a_only, b_only, n - both - a_only - b_only, z),
-            "p_value": mcnemar_p(a_only, b_only), "a_only": a_only, "b_only": b_only, "n": n}
-
 
 # ---------------------------------------------------------------------------
 # Quality
@@ -467,92 +414,10 @@ def score_jsonl(args):
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "eval_data.json"), "w") as f:
         json.dump(result, f, indent=1)
-    print(f"| tau | accuracy % | 95% CI | tokens/forward |\n|---|---|---|---|")
+    print("| tau | accuracy % | 95% CI | tokens/forward |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['threshold']} | {100 * r['accuracy']:.1f} | [{100 * r['ci'][0]:.1f}, {100 * r['ci'][1]:.1f}] | "
               f"{r['tokens_per_forward']:.2f} |")
-
-
-def plot(path, curves, baselines, title, lossless=None):
-    """Accuracy against tokens per forward: a curve per (name, sweep rows), tau at each point,
-    a horizontal line per one-token baseline."""
-    from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
-    for name, rows in curves:
-        x, y = [r["tokens_per_forward"] for r in rows], [100 * r["accuracy"] for r in rows]
-        ax.plot(x, y, "o-", label=name)
-        for r, xi, yi in zip(rows, x, y):
-            ax.annotate(f"{r['threshold']}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    if lossless:
-        ax.plot(lossless["tokens_per_forward"], 100 * lossless["accuracy"], "s", label="MARS lossless")
-    for (name, acc), ls in zip(baselines.items(), (":", "--")):
-        ax.axhline(100 * acc, ls=ls, color="gray", label=name)
-    ax.set(xlabel="tokens per forward", ylabel="held-out accuracy (%)", title=title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-
-
-def markdown(result):
-    pct = lambda r: f"{100 * r['accuracy']:.1f}"
-    ci = lambda lo_hi: f"[{100 * lo_hi[0]:.1f}, {100 * lo_hi[1]:.1f}]"
-    names = {"ar": "AR SFT (stage 1)", "control": "control (stage 1 + AR steps)", "lossless": "MARS lossless"}
-    row_name = lambda r: names.get(r["decoder"], f"MARS tau={r['threshold']}")
-    q = result["quality"]
-    tasks = list(q[0]["per_task"])
-    lines = [f"Quality ({result['n_test']} held-out prompts, B = {result['B']}): accuracy % with 95% interval, "
-             "tokens/forward (ours: output tokens / the row's forwards), accuracy per family", "",
-             "| decoder | all | 95% CI | tokens/forward (ours) | " + " | ".join(tasks) + " |",
-             "|---" * (len(tasks) + 4) + "|"]
-    for r in q:
-        cells = [pct(r), ci(r["ci"]), f"{r['tokens_per_forward']:.2f}"]
-        cells += [f"{100 * r['per_task'][t]['accuracy']:.0f}" for t in tasks]
-        lines.append(f"| {row_name(r)} | " + " | ".join(cells) + " |")
-    same = result["identical_to_ar"]
-    lines += ["", f"Token for token against the MARS checkpoint decoded as AR (--ar): lossless differs on "
-              f"{same['lossless_differ']} of {same['n']} prompts, tau = 1.0 on {same['tau1_differ']}."]
-    for title, key in (("per task family", "per_task"), ("per answer length (reference tokens, <|endoftext|> included)",
-                                                         "per_length")):
-        groups = list(q[0][key])
-        sizes = " | ".join(f"{g} (n={q[0][key][g]['n']})" for g in groups)
-        lines += ["", f"Where MARS pays, {title}: accuracy % (tokens/forward, ours)", "",
-                  f"| decoder | {sizes} |", "|---" * (len(groups) + 1) + "|"]
-        for r in q:
-            lines.append(f"| {row_name(r)} | " + " | ".join(
-                f"{pct(r[key][g])} ({r[key][g]['tokens_per_forward']:.2f})" for g in groups) + " |")
-    lines += ["", "Paired on the same prompts: difference in points, 95% interval (Newcombe's, for paired "
-              "proportions), exact McNemar p", "",
-              "| comparison | difference | 95% CI | p | right only in a / only in b |", "|---|---|---|---|---|"]
-    for p in result["paired"]:
-        lines.append(f"| {p['a']} vs {p['b']} | {100 * p['diff']:+.1f} | {ci(p['ci'])} | {p['p_value']:.3g} | "
-                     f"{p['a_only']} / {p['b_only']} |")
-    for title, what, sweeps in (("Ablations: accuracy % (tokens/forward) per checkpoint", "checkpoint",
-                                 [(a["label"], a["sweep"]) for a in result["ablations"]]),
-                                ("Confidence metrics (first checkpoint): accuracy % (tokens/forward)", "metric",
-                                 list(result["metrics"].items()))):
-        taus = [r["threshold"] for r in sweeps[0][1]]
-        lines += ["", title, "", f"| {what} | " + " | ".join(f"tau={t}" for t in taus) + " |",
-                  "|---" * (len(taus) + 1) + "|"]
-        for name, rows in sweeps:
-            lines.append(f"| {name} | " + " | ".join(f"{pct(r)} ({r['tokens_per_forward']:.2f})" for r in rows) + " |")
-    lines += ["", result["entropy_note"], "",
-              f"Wall clock ({result['speed_prompts']} prompts, {result['repeats']} repeats; {result['machine']}; "
-              f"{result['device']}); speedup against AR at the same batch size: the median over repeats of the "
-              "per-repeat ratio of tokens/s [min, max]; tokens/forward, ours and the official samplers' counter "
-              "(whole batch), from the same timed passes", "",
-              "| decoder | batch | tau | cache_block | tokens/forward (ours) | tokens/forward (official) | tokens/s | "
-              "speedup vs AR |", "|---|---|---|---|---|---|---|---|"]
-    for s in result["speed"]:
-        lo, hi = s["speedup_spread"]
-        lines.append(f"| {s['decoder']} | {s['batch_size']} | {s['threshold'] or '-'} | {s['cache_block'] or '-'} | "
-                     f"{s['tokens_per_forward']:.2f} | {s['tokens_per_forward_official']:.2f} | "
-                     f"{s['tokens_per_second']:.0f} | "
-                     f"{s['speedup']:.2f}x [{lo:.2f}, {hi:.2f}] |")
-    lines += ["", "AR's own bracket is the range of its rate over the run, over its median: the drift that "
-              "alternating AR and the decoder batch by batch keeps out of the ratios.",
-              "", f"For comparison, the {result['paper_table5']}."]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

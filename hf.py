@@ -6,24 +6,23 @@ transformers (or any AR stack) loads as Qwen2ForCausalLM or LlamaForCausalLM.
 
 In: config.json -> GPTConfig; *.safetensors (one file, or shards listed in
 model.safetensors.index.json) -> our parameter names; tokenizer.json,
-tokenizer_config.json (or chat_template.jinja) -> data.Tokenizer (tiktoken, the model's
+tokenizer_config.json (or chat_template.jinja) -> tokenizer.Tokenizer (tiktoken, the model's
 own Jinja chat template). The result is a checkpoint dict like train.py's, so sampling,
 evaluation and MARS fine-tuning read it unchanged. Supported: model_type qwen2, llama and
 a2d-qwen2 (the authors' MARS release: Qwen2 weights, attention mask from the caller), with
 plain rotary positions and full attention. Nothing here knows about MARS beyond its B.
 """
-import argparse
 import json
 import os
 import re
-import sys
 from dataclasses import asdict
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import data
+import tokenizer
+from cli import Parser, run_cli
 from model import GPTConfig
 
 MODEL_TYPES = ("qwen2", "llama", "a2d-qwen2")
@@ -126,7 +125,7 @@ def read_checkpoint(path, device="cpu", dtype=None):
         raise ValueError(f"{path}: untied output head (tie_word_embeddings false) but no lm_head.weight")
     template = os.path.join(path, "chat_template.jinja")
     template = open(template, encoding="utf-8").read() if os.path.isfile(template) else None
-    tok = data.Tokenizer.from_hf(read_json(path, "tokenizer.json"), read_json(path, "tokenizer_config.json", {}),
+    tok = tokenizer.Tokenizer.from_hf(read_json(path, "tokenizer.json"), read_json(path, "tokenizer_config.json", {}),
                                  template, n_rows=config.vocab_size)
     ckpt = {"model": state, "model_config": asdict(config), "tokenizer": tok.state(), "stage": "hf",
             "hf": {"path": os.path.abspath(path), "model_type": c["model_type"]}}
@@ -140,7 +139,7 @@ def export(ckpt, out_dir):
     """Write a checkpoint dict (ours or read_checkpoint's) as a Hugging Face directory: config.json
     (model_type qwen2 with q/k/v biases, else llama; MARS's B as mars_block_size), model.safetensors,
     tokenizer.json and tokenizer_config.json (chat template, <|mask|> an added special token)."""
-    config, tok = GPTConfig(**ckpt["model_config"]), data.Tokenizer.from_state(ckpt["tokenizer"])
+    config, tok = GPTConfig(**ckpt["model_config"]), tokenizer.Tokenizer.from_state(ckpt["tokenizer"])
     kind = "qwen2" if config.qkv_bias else "llama"
     dtype = ckpt["model"]["wte.weight"].dtype
     rope = {"rope_type": "default", "rope_theta": config.rope_base}
@@ -185,13 +184,8 @@ def load_any(path):
     return ckpt
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"error: {message} (see --help)\n")
-
-
 def main(argv=None):
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(__doc__)
     p.add_argument("command", choices=["export"])
     p.add_argument("ckpt", help="our checkpoint (.pt) or a Hugging Face directory")
     p.add_argument("out_dir", help="the Hugging Face directory to write")
@@ -201,8 +195,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:  # a user's mistake: one line, exit 1 (as sample.run_cli, which this module must not import)
-        main()
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_cli(main)

@@ -4,8 +4,7 @@
     python sample.py --ar                     # plain AR decoding, for comparison
     python sample.py --prompt "Write 42 in words." --threshold 0.8
     python sample.py --chat                   # type prompts; "/tau 0.7" turns the knob
-    python sample.py --ckpt DIR --chat --dtype bfloat16   # a Hugging Face directory (hf.py), e.g. the
-                                              # authors' MARS-Qwen2.5-0.5B-blk4; its own chat template
+    python sample.py --ckpt DIR --chat        # a Hugging Face directory, e.g. MARS-Qwen2.5-0.5B-blk4
 
 Every decoder is a short loop around one step (`decode_step`): feed each row's
 window [uncached real tokens | drafts | masks] against the KV cache, read the
@@ -31,41 +30,12 @@ import torch
 import data
 import hf
 import mars
+import tokenizer
+from cli import Parser, UserError, check_device, run_cli
 from model import GPT, GPTConfig
 
 # ---------------------------------------------------------------------------
-# Checkpoints and command-line conventions, shared by every CLI (train, eval, serve sit above)
-
-
-class UserError(Exception):
-    """A problem the user can fix: reported as one line, exit code 1."""
-
-
-def run_cli(main):
-    """Run a command-line main: a user's mistake becomes one line on stderr and exit 1."""
-    try:
-        main()
-    except (UserError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line, for every CLI of the project."""
-
-    def __init__(self, doc):
-        super().__init__(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-
-    def error(self, message):
-        self.exit(2, f"error: {message} (see --help)\n")
-
-
-def check_device(device):
-    """UserError unless torch can place tensors on this device here (e.g. cuda without a GPU)."""
-    try:
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError, ValueError):
-        raise UserError(f"device {device!r} is not available on this machine") from None
+# Checkpoints
 
 
 def load_checkpoint(path, device="cpu", dtype=None):
@@ -99,7 +69,7 @@ def model_from_checkpoint(ckpt, device="cpu", dtype=None):
                         "with python train.py") from None
     if model.config.tie_embeddings:  # assign replaced the shared parameter by two
         model.lm_head.weight = model.wte.weight
-    return model.to(device=device, dtype=dtype), data.Tokenizer.from_state(ckpt["tokenizer"])
+    return model.to(device=device, dtype=dtype), tokenizer.Tokenizer.from_state(ckpt["tokenizer"])
 
 
 # ---------------------------------------------------------------------------
@@ -230,13 +200,10 @@ def clock(model):
 
 
 def kv_slots(prompts, max_seq, max_new_tokens, B, cache, cache_block):
-    """KV-cache slots a batch can need: a forward writes its window (padded to the widest row's)
-    after the longest row's cached tokens. A row caches at most its final length - 1 (its prompt plus
-    max_new_tokens, within the context); the widest window is 2B - 1 when sliding (the last step's
-    tokens or the last token and its drafts, then B - 1 masks) and cache_block + 1 with the block cache
-    (the token before the block, then the block). The first forward (whole prompts, nothing cached)
-    fits as well. Sized from the prompts, not the context: a 32k context needs no 32k cache for short
-    prompts."""
+    """KV-cache slots a batch can need, from its prompts (a 32k context needs no 32k cache for short
+    prompts): a forward writes its window, padded to the widest row's, after the longest row's cached
+    tokens. A row caches at most its final length - 1; the widest window is 2B - 1 when sliding (the
+    last step's tokens or drafts, then B - 1 masks) and cache_block + 1 with the block cache."""
     longest = max(min(len(p) + max_new_tokens, max_seq) for p in prompts)
     widest = cache_block + 1 if cache == "block" else 2 * B - 1
     return longest - 1 + widest

@@ -43,10 +43,11 @@ import torch
 
 import data
 import mars
+from cli import Parser, UserError, run_cli
 from eval import machine
 from serve_report import goals, markdown, plot
-from sample import (Parser, Row, UserError, accepted, decode_step, load_checkpoint, lossless_commit, model_from_checkpoint,
-                    run_cli, threshold, through_eot)
+from sample import (Row, accepted, decode_step, load_checkpoint, lossless_commit, model_from_checkpoint, threshold,
+                    through_eot)
 
 # the trace: (phase, arrival rate as a multiple of the tau = 1.0 capacity), equal durations
 PHASES = (("light", 0.5), ("overload", 1.3), ("recovery", 0.5))

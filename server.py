@@ -15,7 +15,6 @@ tokens per forward, verified against the AR argmax). The usage adds "forwards",
 "tokens_per_forward" and "tau" (the mean over the job's forwards, what the policy chose).
 """
 import http.client
-import itertools
 import json
 import os
 import queue
@@ -35,7 +34,8 @@ import numpy as np
 import data
 import serve
 from eval import machine
-from sample import run_cli, threshold
+from cli import run_cli
+from sample import threshold
 from serve_report import goals, markdown
 
 MAX_BODY = 1 << 20  # bytes of a request body

@@ -11,7 +11,6 @@ Writes <out_dir>/ar.pt and mars.pt (control.pt with --stage control; self-contai
 tokenizer, training config, optimizer state for --resume), a JSON log and a
 loss plot per stage, and a short held-out evaluation (summary.json).
 """
-import argparse
 import json
 import math
 import os
@@ -26,9 +25,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import data
+import tokenizer
 import mars
 from model import GPT, GPTConfig
-from sample import Parser, UserError, check_device, load_checkpoint, model_from_checkpoint, run_cli
+from cli import Parser, UserError, check_device, run_cli
+from sample import load_checkpoint, model_from_checkpoint
 
 # One source of truth for every number: flags override single entries.
 TOY = dict(warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
@@ -387,7 +388,7 @@ def main(argv=None):
         if stage == "ar" and state is None and not hf_dir:  # the toy, from scratch
             splits = data.load_splits(args.data, args.seed, args.n_train)
             texts = (prompt_text(e["prompt"]) + "\n" + e["response"] for e in splits["train"])
-            tok = data.Tokenizer.train(texts, args.vocab_size)
+            tok = tokenizer.Tokenizer.train(texts, args.vocab_size)
             config = GPTConfig(vocab_size=tok.n_vocab, **{k: getattr(args, k) for k in MODEL_KEYS})
             model = GPT(config).to(args.device)
             say(f"instruction set: {', '.join(f'{k} {len(v)}' for k, v in splits.items())}; tokenizer: "

@@ -19,6 +19,7 @@ torch.set_num_threads(1)
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 import data  # noqa: E402
+import tokenizer
 import model  # noqa: E402
 
 V = 48  # vocabulary of the random test models
@@ -61,7 +62,7 @@ def splits():
 
 @pytest.fixture(scope="session")
 def tok(splits):
-    return data.Tokenizer.train((e["prompt"] + "\n" + e["response"] for e in splits["train"]), 512)
+    return tokenizer.Tokenizer.train((e["prompt"] + "\n" + e["response"] for e in splits["train"]), 512)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import data
+import tokenizer
 from conftest import assert_one_line_error, run_cli
 
 
@@ -140,7 +141,7 @@ def test_tokenizer_state_round_trip(tok, tmp_path):
     path = tmp_path / "tok.pt"
     torch.save({"tokenizer": state}, path)
     loaded = torch.load(path, weights_only=True)["tokenizer"]
-    tok2 = data.Tokenizer.from_state(loaded)
+    tok2 = tokenizer.Tokenizer.from_state(loaded)
     assert tok2.n_vocab == tok.n_vocab
     assert (tok2.eot, tok2.mask, tok2.user, tok2.assistant) == (tok.eot, tok.mask, tok.user, tok.assistant)
     for s in ROUND_TRIP:

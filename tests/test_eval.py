@@ -13,7 +13,7 @@ import torch
 import data
 import eval as ev
 import sample
-from eval import mcnemar_p, newcombe_paired, paired, wilson
+from stats import mcnemar_p, newcombe_paired, paired, wilson
 
 
 def test_wilson_interval():

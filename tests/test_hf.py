@@ -1,4 +1,4 @@
-"""Hugging Face directories (hf.py, data.Tokenizer.from_hf, sample.py on them) against
+"""Hugging Face directories (hf.py, tokenizer.Tokenizer.from_hf, sample.py on them) against
 transformers and tokenizers, offline: tiny random Qwen2 and Llama models and byte-level BPE
 tokenizers are built here, never downloaded. Every parameter is perturbed first (transformers
 initialises biases to 0 and norms to 1, which would hide a wrong mapping), and the padding rows
@@ -17,8 +17,9 @@ import torch
 import transformers
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 
-import data
+import tokenizer
 import hf
+from cli import UserError
 import sample
 from conftest import assert_one_line_error, run_cli
 from model import GPT, GPTConfig
@@ -223,7 +224,7 @@ def test_sampler_never_emits_ids_without_a_token(dirs):
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_tokenizer_ids_equal_tokenizers(dirs, kind):
-    tok = data.Tokenizer.from_state(hf.read_checkpoint(dirs[kind])["tokenizer"])  # through a checkpoint's state
+    tok = tokenizer.Tokenizer.from_state(hf.read_checkpoint(dirs[kind])["tokenizer"])  # through a checkpoint's state
     ref = tokenizers.Tokenizer.from_file(str(dirs[kind] / "tokenizer.json"))
     strings = some_strings()
     assert len(strings) >= 1000
@@ -241,7 +242,7 @@ def test_tiktoken_needs_merges_in_rank_order(dirs):
     tj = json.loads((dirs["qwen2"] / "tokenizer.json").read_text())
     tj["model"]["merges"][3], tj["model"]["merges"][40] = tj["model"]["merges"][40], tj["model"]["merges"][3]
     with pytest.raises(ValueError, match="merges are not in the order"):
-        data.Tokenizer.from_hf(tj, {"chat_template": QWEN_TEMPLATE})
+        tokenizer.Tokenizer.from_hf(tj, {"chat_template": QWEN_TEMPLATE})
 
 
 CHATS = [[{"role": "user", "content": "What is 2 + 2?"}],
@@ -277,7 +278,7 @@ def test_chat_template_renders_as_transformers(dirs, kind):
 
 
 def toy_checkpoint(qkv_bias, tie):
-    tok = data.Tokenizer.train(CORPUS * 5 + some_strings(300), 300)
+    tok = tokenizer.Tokenizer.train(CORPUS * 5 + some_strings(300), 300)
     config = GPTConfig(vocab_size=tok.n_vocab + 2, max_seq_len=64, n_layer=2, n_head=4, n_embd=32, n_kv_head=2,
                        qkv_bias=qkv_bias, tie_embeddings=tie, rope_base=500.0, norm_eps=1e-5)
     torch.manual_seed(1)
@@ -305,7 +306,7 @@ def assert_exported_equal(ckpt, out):
     assert hftok.convert_tokens_to_ids("<|mask|>") == tok.mask and hftok.eos_token_id == tok.eot
     back = hf.read_checkpoint(out)  # and the export reads back as it was
     assert back.get("mars") == ckpt.get("mars") and back["model_config"] == asdict(model.config)
-    assert data.Tokenizer.from_state(back["tokenizer"]).prompt_ids(CHATS[2]) == tok.prompt_ids(CHATS[2])
+    assert tokenizer.Tokenizer.from_state(back["tokenizer"]).prompt_ids(CHATS[2]) == tok.prompt_ids(CHATS[2])
 
 
 @pytest.mark.parametrize("qkv_bias,tie", [(False, True), (True, False)])
@@ -327,8 +328,8 @@ def test_export_of_a_hugging_face_model_round_trip(dirs, tmp_path):
 
 
 def test_toy_state_of_earlier_checkpoints_loads_unchanged():
-    tok = data.Tokenizer.train(CORPUS * 5, 300)
-    old = data.Tokenizer.from_state({"pattern": tok.pattern, "tokens": tok.state()["tokens"]})
+    tok = tokenizer.Tokenizer.train(CORPUS * 5, 300)
+    old = tokenizer.Tokenizer.from_state({"pattern": tok.pattern, "tokens": tok.state()["tokens"]})
     n = len(tok.state()["tokens"])
     assert (old.eot, old.mask, old.user, old.assistant, old.n_vocab) == (n, n + 1, n + 2, n + 3, n + 4)
     prompt = [n, n + 2, *tok.encode("Hi <|user|>"), n + 3]  # <|endoftext|><|user|>prompt<|assistant|>
@@ -355,12 +356,12 @@ def test_command_line_refusals(dirs, tmp_path):
     proc = run_cli(["sample.py", "--ckpt", bad, "--ar", "--prompt", "hi", "--device", "cpu"])
     assert_one_line_error(proc)
     assert "model_type 'mistral' is not supported" in proc.stderr
-    (bad / "config.json").write_text(json.dumps({**cfg, "vocab_size": data.Tokenizer.from_state(
+    (bad / "config.json").write_text(json.dumps({**cfg, "vocab_size": tokenizer.Tokenizer.from_state(
         hf.read_checkpoint(dirs["llama"])["tokenizer"]).n_vocab - 1}))  # no row left for <|mask|>
     proc = run_cli(["hf.py", "export", bad, tmp_path / "out"])
     assert_one_line_error(proc)
     assert "no spare embedding row for <|mask|>" in proc.stderr
-    with pytest.raises(sample.UserError, match="give --prompt or --chat"):  # no held-out prompts of its own
+    with pytest.raises(UserError, match="give --prompt or --chat"):  # no held-out prompts of its own
         sample.main(["--ckpt", str(dirs["llama"]), "--ar", "--device", "cpu"])
 
 
@@ -394,9 +395,9 @@ def test_llama3_without_a_spare_row_takes_a_reserved_token_for_mask(dirs, tmp_pa
     t.save(str(tmp_path / "tokenizer.json"))
     config = json.loads((dirs["llama"] / "tokenizer_config.json").read_text())
     full = json.loads((tmp_path / "tokenizer.json").read_text())
-    tok = data.Tokenizer.from_hf(full, config, n_rows=t.get_vocab_size())
+    tok = tokenizer.Tokenizer.from_hf(full, config, n_rows=t.get_vocab_size())
     assert tok.mask == t.token_to_id("<|reserved_special_token_0|>")
     assert tok.eot == t.token_to_id("<|eot_id|>")
     with pytest.raises(ValueError, match="no spare embedding row"):  # neither a spare row nor a reserved token
-        data.Tokenizer.from_hf(json.loads((dirs["llama"] / "tokenizer.json").read_text()), config,
+        tokenizer.Tokenizer.from_hf(json.loads((dirs["llama"] / "tokenizer.json").read_text()), config,
                                n_rows=tokenizers.Tokenizer.from_file(str(dirs["llama"] / "tokenizer.json")).get_vocab_size())

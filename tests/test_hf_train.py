@@ -11,6 +11,7 @@ import transformers
 import data
 import eval as evaluate
 import hf
+import cli
 import sample
 import train
 from test_hf import build, hf_greedy
@@ -138,7 +139,7 @@ def trained_from_hf_is_recipe(path):
 
 def test_hugging_face_directory_needs_data_and_the_recipe_needs_a_model(qwen, tmp_path):
     path, _, _ = qwen
-    with pytest.raises(sample.UserError, match="needs --data"):
+    with pytest.raises(cli.UserError, match="needs --data"):
         run_train("--stage", "mars", "--init_from", path, "--out_dir", tmp_path, "--device", "cpu")
     with pytest.raises(SystemExit):
         train.get_args(["--preset", "hf"])

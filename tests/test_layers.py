@@ -1,21 +1,23 @@
 """The modules form layers and import downwards only (the README's layout):
-model, mars, data at the bottom; hf (Hugging Face directories) on model and data;
+model, mars, data, tokenizer, cli and stats at the bottom; hf (Hugging Face directories)
+on model, tokenizer and cli;
 sample above them; train, eval, serve on top.
 Read from the source with ast, so a cycle is caught without importing anything."""
 import ast
 
 from conftest import ROOT
 
-BOTTOM = {"model", "mars", "data"}
+BOTTOM = {"model", "mars", "data", "tokenizer", "cli"}
 # what each module of ours may import: downwards, and on top only the two uses that
 # exist (train's end-of-run summary and serve's machine line come from eval); nothing
 # imports train, and eval imports no other top module, so no circle can form
 ALLOWED = {
-    "model": set(), "mars": set(), "data": set(),
-    "hf": {"model", "data"},  # Hugging Face directories in and out: never mars, never the decoders
+    "model": set(), "mars": set(), "data": set(), "tokenizer": set(), "cli": set(), "stats": set(),
+    "hf": {"model", "tokenizer", "cli"},  # Hugging Face directories in and out: never mars, never the decoders
     "sample": BOTTOM | {"hf"},
     "train": BOTTOM | {"sample", "eval"},
-    "eval": BOTTOM | {"sample"},
+    "eval_report": set(),  # eval's tables and figures
+    "eval": BOTTOM | {"sample", "stats", "eval_report"},
     "serve_report": set(),  # the load experiment's table and figure
     "serve": BOTTOM | {"sample", "eval", "serve_report"},
     "server": BOTTOM | {"sample", "eval", "serve", "serve_report"},  # HTTP on serve's engine; nothing imports it
