@@ -83,10 +83,11 @@ class Engine:
     result does not depend on the other rows of its batch. The cache is only
     copied when rows join or leave, never on a step where the batch stays."""
 
-    def __init__(self, model, eot_id, mask_id, B, max_batch, max_new_tokens=64):
-        self.model, self.eot_id, self.mask_id, self.B = model, eot_id, mask_id, B
+    def __init__(self, model, eot_id, mask_id, B, max_batch, max_new_tokens=64, n_vocab=None, max_context=None):
+        self.model, self.eot_id, self.mask_id, self.B, self.n_vocab = model, eot_id, mask_id, B, n_vocab
         self.max_batch, self.max_new_tokens = max_batch, max_new_tokens
-        self.max_seq = model.config.max_seq_len
+        # prompt + answer at most: the model's context, or less (a 32k context would size a 32k cache per row)
+        self.max_seq = min(model.config.max_seq_len, max_context or model.config.max_seq_len)
         # a window is padded to the widest row (a new prompt), whatever this row has cached
         self.kv = model.new_cache(0, 2 * self.max_seq + 2 * B)
         self.waiting, self.running = deque(), []
@@ -121,7 +122,7 @@ class Engine:
         rows = [r.row for r in stepped]
         for r in stepped:  # masks only for rows that can use them
             r.row.n_masks = self.B - 1 if r.tau < 1 or r.lossless else 0
-        tokens, conf = decode_step(self.model, rows, self.kv, self.mask_id)
+        tokens, conf = decode_step(self.model, rows, self.kv, self.mask_id, n_vocab=self.n_vocab)
         width = self.kv.lengths[0] - rows[0].cached  # the cache now holds every row's whole (padded) window
         n = mars.accept(conf, torch.tensor([r.tau for r in stepped], device=conf.device))
 
@@ -259,7 +260,7 @@ def make_trace(examples, phases, seed):
 
 def simulate(model, tok, trace, policy, B, max_batch, clock, max_new_tokens):
     """Serve a trace; returns (requests, steps), steps = [(end time, backlog, tau, tokens committed)]."""
-    engine = Engine(model, tok.eot, tok.mask, B, max_batch, max_new_tokens)
+    engine = Engine(model, tok.eot, tok.mask, B, max_batch, max_new_tokens, tok.n_vocab)
     reqs = [Request(arrival=a, prompt=tok.prompt_ids(e["prompt"]), example=e) for a, e in trace]
     steps, i = [], 0
     while i < len(reqs) or engine.backlog:
@@ -355,10 +356,16 @@ def get_args(argv=None, more=None):
     p.add_argument("--max_new_tokens", type=int, default=64, help="stop a response after this many tokens (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival trace and its prompts (default 0)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="weights' precision (default float32)")
+    p.add_argument("--max_context", type=int, default=2048, help="longest prompt + answer served, within the model's "
+                   "context; the KV cache is sized by it (default 2048)")
+    p.add_argument("--data", help="JSONL of {prompt, answer} for the load experiment (default: the checkpoint's "
+                   "held-out prompts; needed for a model not trained here)")
     if more:
         more(p)
     args = p.parse_args(argv)
-    for name in ("max_batch", "max_new_tokens"):
+    args.dtype = args.dtype and getattr(torch, args.dtype)
+    for name in ("max_batch", "max_new_tokens", "max_context"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
     if args.requests < 40 or args.sweep_requests < 10:  # so that every phase and every rate sees arrivals
@@ -371,21 +378,28 @@ def get_args(argv=None, more=None):
     return args
 
 
-def load_mars(path, device):
+def load_mars(path, device, dtype=None):
     """(model in eval mode, tokenizer, B, checkpoint) of a MARS checkpoint, or UserError."""
-    ckpt = load_checkpoint(path, device)
+    ckpt = load_checkpoint(path, device, dtype)
     if "mars" not in ckpt:
         raise UserError(f"{path} is a stage-1 (AR) checkpoint: serve needs a MARS checkpoint (mars.pt)")
-    model, tok = model_from_checkpoint(ckpt, device)
+    model, tok = model_from_checkpoint(ckpt, device, dtype)
     return model.eval(), tok, ckpt["mars"]["B"], ckpt
 
 
-def prompts_for_load(ckpt, tok, max_seq, max_batch):
-    """(held-out test examples, 12 * max_batch calibration examples) whose prompts fit the context."""
-    cfg = ckpt["train_config"]
+def prompts_for_load(ckpt, tok, max_seq, max_batch, data_path=None):
+    """(held-out test examples, 12 * max_batch calibration examples) whose prompts fit the context:
+    the checkpoint's own test and validation splits, or a JSONL of {prompt, answer} (data_path)."""
     fits = lambda split: [e for e in split if len(tok.prompt_ids(e["prompt"])) < max_seq]
-    splits = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])
-    test, val = fits(splits["test"]), fits(splits["val"])
+    if data_path:
+        test = val = fits(data.read_jsonl(data_path))
+    elif "train_config" not in ckpt:
+        raise UserError(f"{ckpt.get('hf', {}).get('path', 'this checkpoint')} was not trained here and has no "
+                        "held-out prompts: give --data FILE (JSONL of {prompt, answer})")
+    else:
+        cfg = ckpt["train_config"]
+        splits = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])
+        test, val = fits(splits["test"]), fits(splits["val"])
     if not test:
         raise UserError(f"no held-out prompt fits the model's context of {max_seq} tokens")
     return test, ((val or test) * 12 * max_batch)[:12 * max_batch]
@@ -393,8 +407,9 @@ def prompts_for_load(ckpt, tok, max_seq, max_batch):
 
 def main(argv=None):
     args = get_args(argv)
-    model, tok, B, ckpt = load_mars(args.ckpt, args.device)
-    test, calib = prompts_for_load(ckpt, tok, model.config.max_seq_len, args.max_batch)
+    model, tok, B, ckpt = load_mars(args.ckpt, args.device, args.dtype)
+    test, calib = prompts_for_load(ckpt, tok, min(model.config.max_seq_len, args.max_context), args.max_batch,
+                                   args.data)
     low = args.ladder[-1]
     policies = {"ar": (1, lambda: Fixed(1.0)), "tau=1.0": (B, lambda: Fixed(1.0)), f"tau={low}": (B, lambda: Fixed(low)),
                 "adaptive": (B, lambda: Adaptive(ladder=tuple(args.ladder)))}

@@ -351,13 +351,14 @@ class Server(ThreadingHTTPServer):
 
 
 def build(args, model, tok, B, name, port=None, policy=None):
-    engine = serve.Engine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens)
+    engine = serve.Engine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens, tok.n_vocab,
+                          args.max_context)
     policy = policy or (serve.Adaptive(ladder=tuple(args.ladder)) if args.adaptive else serve.Fixed(args.tau))
     return Server((args.host, args.port if port is None else port), engine, tok, policy, args.tau, args.max_queue, name)
 
 
 def run_server(args):
-    model, tok, B, _ = serve.load_mars(args.ckpt, args.device)
+    model, tok, B, _ = serve.load_mars(args.ckpt, args.device, args.dtype)
     name = os.path.splitext(os.path.basename(os.path.normpath(args.ckpt)))[0]
     try:
         httpd = build(args, model, tok, B, name)
@@ -433,8 +434,9 @@ def summarise_http(recs, start, end, slo):
 
 
 def http_load(args):
-    model, tok, B, ckpt = serve.load_mars(args.ckpt, args.device)
-    test, calib = serve.prompts_for_load(ckpt, tok, model.config.max_seq_len, args.max_batch)
+    model, tok, B, ckpt = serve.load_mars(args.ckpt, args.device, args.dtype)
+    test, calib = serve.prompts_for_load(ckpt, tok, min(model.config.max_seq_len, args.max_context), args.max_batch,
+                                         args.data)
     t0 = time.perf_counter()
     cap, _, slo = serve.calibrate(model, tok, calib, B, args, serve.WallClock)  # in-process, on the wall clock
     seconds = args.requests / (cap * sum(m for _, m in serve.PHASES))

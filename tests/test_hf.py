@@ -401,3 +401,29 @@ def test_llama3_without_a_spare_row_takes_a_reserved_token_for_mask(dirs, tmp_pa
     with pytest.raises(ValueError, match="no spare embedding row"):  # neither a spare row nor a reserved token
         tokenizer.Tokenizer.from_hf(json.loads((dirs["llama"] / "tokenizer.json").read_text()), config,
                                n_rows=tokenizers.Tokenizer.from_file(str(dirs["llama"] / "tokenizer.json")).get_vocab_size())
+
+
+def test_serving_engine_on_a_mars_release(dirs, tmp_path):
+    """serve.py's engine on a Hugging Face MARS directory: its answers are generate's (padding rows past the
+    tokenizer banned in both), its KV cache is sized by --max_context, not the model's context, and the
+    load experiment asks for --data, since such a model has no held-out prompts of ours."""
+    import serve
+    model, tok, B, ckpt = serve.load_mars(str(dirs["mars"]), "cpu")
+    prompts = [tok.prompt_ids(p) for p in ("Hello café", "日本語のテキスト", "12345 and 😀")]
+    for tau in (1.0, 0.5):
+        context = max(map(len, prompts)) + 12  # room for the answers, less than the model's 256
+        engine = serve.Engine(model, tok.eot, tok.mask, B, 2, 10, tok.n_vocab, max_context=context)
+        assert engine.kv.max_len < model.config.max_seq_len
+        requests = [serve.Request(arrival=0, prompt=p, tau=tau) for p in prompts]
+        engine.waiting.extend(requests)
+        while engine.backlog:
+            engine.step()
+        want = sample.generate(model, prompts, tok.eot, tok.mask, B=B, tau=tau, max_new_tokens=10, n_vocab=tok.n_vocab)
+        assert [r.tokens for r in requests] == [g.tokens for g in want]
+        assert all(t < tok.n_vocab and t != tok.mask for r in requests for t in r.tokens)
+    with pytest.raises(UserError, match="give --data"):
+        serve.prompts_for_load(ckpt, tok, 256, 2)
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"prompt": "What is 2 + 3?", "answer": "5"}) + "\n")
+    test, calib = serve.prompts_for_load(ckpt, tok, 256, 2, str(path))
+    assert test[0]["answer"] == "5" and len(calib) == 24
