@@ -183,6 +183,18 @@ def test_tokenize_drops_too_long(tok):
     assert len(rows) == 1 and rows[0] == tok.example_ids("hi", "ok")
 
 
+def test_tokenize_measures_the_length_after_the_mars_padding(tok):
+    """An example that fits the context only before its <|endoftext|> padding to a multiple of B is dropped."""
+    ids, _ = tok.example_ids("hi", "ok")
+    fits = len(ids) - 1  # the inputs are ids[:-1]
+    ex = [dict(prompt="hi", response="ok")]
+    assert data.tokenize(ex, tok, fits) and data.tokenize(ex, tok, fits, multiple=1)
+    B = next(b for b in (3, 4, 5, 6, 7) if len(ids) % b)  # a B that pads it
+    assert not data.tokenize(ex, tok, fits, multiple=B)
+    x, _ = data.make_batch(data.tokenize(ex, tok, fits + B, multiple=B), tok.eot, B)
+    assert x.shape[1] <= fits + B
+
+
 # ---------------------------------------------------------------------------
 # Users' JSONL data
 

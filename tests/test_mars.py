@@ -208,6 +208,17 @@ def test_ar_loss_counts_response_tokens_only(padded_batch):
     assert mars.ar_loss(m, x, y2) != base
 
 
+def test_control_loss_is_the_clean_term_of_the_mars_loss(padded_batch):
+    """The control (train.py --stage control) differs from MARS only by the noisy stream: its loss,
+    ar_loss(per_sequence=True), is mars_loss's clean term; stage 1's token mean is another number."""
+    (x, y), tok = padded_batch
+    m = tok_model(tok)
+    _, _, clean = mars.mars_loss(m, x, y, tok.mask, 4)
+    control = mars.ar_loss(m, x, y, per_sequence=True)
+    torch.testing.assert_close(control, clean, atol=1e-10, rtol=0)
+    assert abs(mars.ar_loss(m, x, y) - control) > 1e-6  # the batch's sequences differ in length
+
+
 # ---------------------------------------------------------------------------
 # Acceptance
 

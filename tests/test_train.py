@@ -222,10 +222,24 @@ def test_control_and_ablation_stages(tmp_path):
     proc = run_cli(["train.py", *SHORT, "--stage", "control", "--mars_iters", "7", "--out_dir", d])
     assert proc.returncode == 0, proc.stderr
     control = assert_checkpoint(d / "control.pt", "control")
-    assert "mars" not in control and control["iter"] == 7
+    assert "mars" not in control and control["iter"] == 7 and control["control"] == {"B": 4}
     log = json.loads((d / "control_log.json").read_text())
-    assert set(log[0]) == {"iter", "lr", "loss"}
+    assert set(log[0]) == {"iter", "lr", "loss", "elapsed_s"}
     assert log[0]["loss"] < json.loads((d / "ar_log.json").read_text())[0]["loss"]  # it starts from stage 1
+    # like for like: from the same weights, on the same first batch, padded to a multiple of B and averaged
+    # per sequence, the control's loss is exactly MARS's clean term (a token mean would not be)
+    proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--mars_iters", "7", "--out_dir", d / "m",
+                    "--init_from", d / "ar.pt"])
+    assert proc.returncode == 0, proc.stderr
+    clean = json.loads((d / "m" / "mars_log.json").read_text())[0]["clean"]
+    assert abs(log[0]["loss"] - clean) < 1e-5 * clean
+    # --resume of an unfinished stage refuses changed stage-2 flags in one line
+    ckpt = torch.load(d / "m" / "mars.pt", weights_only=True)
+    torch.save({**ckpt, "done": False}, d / "m" / "mars.pt")
+    proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--mars_iters", "7", "--out_dir", d / "m",
+                    "--resume", "--block_size", "8"])
+    assert_one_line_error(proc)
+    assert "B 4 -> 8" in proc.stderr
 
     proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--no_sft", "--block_offset", "random",
                     "--out_dir", d / "nosft", "--init_from", d / "ar.pt"])
