@@ -8,8 +8,8 @@
 Writes eval.json, pareto.png and metrics.png to --out_dir and prints the tables as Markdown.
 
 1. Quality on the held-out test set (paper Tables 2 and 4): AR SFT (stage 1),
-   the control (stage 1 trained further with the AR loss alone, as many steps
-   as stage 2; beyond the paper, used when its checkpoint exists), MARS at
+   the control (stage 2 without its noisy stream: the clean AR term alone, on
+   stage 2's batches; beyond the paper, used when its checkpoint exists), MARS at
    tau = 1.0, over a threshold sweep, and lossless. Every accuracy comes with
    a 95% Wilson interval; MARS at tau = 1.0 is compared with AR SFT and with
    the control on the same prompts (paired difference with Newcombe's interval,
@@ -250,7 +250,7 @@ def get_args(argv=None):
                    help="MARS checkpoints (default out/mars.pt): the first gets every table; each gets a threshold "
                         "sweep and a curve on pareto.png, labelled from its recipe (B, w/o SFT loss, ...)")
     p.add_argument("--control_ckpt", default=None,
-                   help="the control: stage 1 trained further with AR loss alone (python train.py --stage control); "
+                   help="the control: stage 2 without its noisy stream (python train.py --stage control); "
                         "default control.pt beside --ar_ckpt, skipped when that file does not exist")
     p.add_argument("--out_dir", default="out", help="where eval.json, pareto.png and metrics.png go (default out)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N held-out prompts (default all)")
@@ -298,7 +298,7 @@ def main(argv=None):
     if control_path:
         control_ckpt = load_checkpoint(control_path, args.device)
         if "mars" in control_ckpt:
-            raise UserError(f"{control_path} is a MARS checkpoint; the control is trained with the AR loss alone")
+            raise UserError(f"{control_path} is a MARS checkpoint; the control is trained without the noisy stream")
         control = model_from_checkpoint(control_ckpt, args.device)
     models = [model_from_checkpoint(c, args.device) for c in ckpts]
     for m, _ in models + [(ar_model, ar_tok)] + ([control] if control else []):

@@ -214,7 +214,7 @@ def test_own_jsonl_data_end_to_end(tmp_path):
 
 
 def test_control_and_ablation_stages(tmp_path):
-    """--stage control continues stage 1 with the AR loss alone, on stage 2's schedule;
+    """--stage control is stage 2 without its noisy stream (the clean term alone, same batches and schedule);
     --no_sft is the paper's ablation (no clean loss, noisy loss weighted 1/t);
     --block_offset random shifts the blocks. All start from the same stage-1 checkpoint."""
     d = tmp_path / "run"
