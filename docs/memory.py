@@ -25,7 +25,7 @@ OUT = os.path.join(ROOT, "docs", "memory_qwen2.5-0.5b.json")
 QWEN25_05B = dict(vocab_size=151936, max_seq_len=32768, n_layer=24, n_head=14, n_kv_head=2, n_embd=896, head_dim=64,
                   intermediate_size=4864, rope_base=1e6, norm_eps=1e-6, qkv_bias=True, tie_embeddings=True)
 T, PROMPT, B = 512, 32, 4
-LIMIT_S = 900  # per precision
+LIMIT_S = 300  # per precision
 
 
 def gib(kib):
