@@ -165,7 +165,8 @@ def test_disconnect_mid_stream_frees_the_row(tiny_run, loaded, prompts):
     assert lengths[prompt] >= 10
     httpd = start(model, tok, loaded[2], max_batch=2)
     try:
-        other = threading.Thread(target=lambda: post(httpd, {"messages": msg(prompts[0]), "tau": 1.0}))
+        busy = next(p for p in prompts if p != prompt)  # another request keeps the batch going
+        other = threading.Thread(target=lambda: post(httpd, {"messages": msg(busy), "tau": 1.0}))
         other.start()
         sock = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1], timeout=30)
         sock.request("POST", "/v1/chat/completions", json.dumps({"messages": msg(prompt), "tau": 1.0, "stream": True}))
