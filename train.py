@@ -321,8 +321,24 @@ def train_stage(stage, model, tok, splits, args, dist_info, state=None, hf=None)
                     print(f"\ninterrupted: {path} holds step {it + 1} of {iters}; resume with:\n  {cmd}", flush=True)
                 raise SystemExit(130)
     if master:
+        if splits["val"] and history:
+            history[-1].update(validation_accuracy(model, tok, splits["val"][:args.summary_limit],
+                                                   args.block_size if is_mars else 1))
         write_log_and_plot(stage, history, args.out_dir)
     return model
+
+
+def validation_accuracy(model, tok, examples, B):
+    """Greedy accuracy on the validation prompts, overall and per family: what a recipe or data mix is
+    chosen on (the test split only reports). A MARS stage decodes with its B at tau = 1.0."""
+    from eval import score  # a top module may use another; nothing imports train.py
+    model.eval()
+    r = score(model, tok, examples, B=B, tau=1.0)
+    model.train()
+    per_task = {k: round(v["accuracy"], 4) for k, v in r["per_task"].items()}
+    print(f"validation accuracy {100 * r['accuracy']:.1f}% on {len(examples)} prompts: "
+          + ", ".join(f"{k} {100 * v:.0f}" for k, v in per_task.items()), flush=True)
+    return {"val_accuracy": r["accuracy"], "val_per_task": per_task}
 
 
 def write_log_and_plot(stage, history, out_dir):
@@ -418,7 +434,7 @@ def main(argv=None):
         if world > 1:  # the next stage reads the checkpoint rank 0 has just written
             dist.barrier()
     if rank == 0 and args.stage == "all" and stages:
-        from eval import summary  # a top module may use another; nothing imports train.py
+        from eval import summary
         summary(args.out_dir, splits["test"][:args.summary_limit], args.device)
     if world > 1:
         dist.destroy_process_group()

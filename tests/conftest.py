@@ -1,10 +1,14 @@
 """Shared fixtures: tiny random models, the built-in data and tokenizer, one
 trained tiny run (both stages) whose checkpoints several test files share,
-and a helper that runs the command-line tools as subprocesses."""
+and a helper that runs the command-line tools (in this process, or as subprocesses)."""
+import contextlib
+import importlib
+import io
 import os
 import signal
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -18,8 +22,9 @@ sys.path.insert(0, str(ROOT))
 torch.set_num_threads(1)
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
+import cli  # noqa: E402
 import data  # noqa: E402
-import tokenizer
+import tokenizer  # noqa: E402
 import model  # noqa: E402
 
 V = 48  # vocabulary of the random test models
@@ -78,11 +83,43 @@ def tiny_run(tmp_path_factory):
     return out
 
 
-def run_cli(args, stdin=None, timeout=300, env=None, cwd=ROOT):
-    """Run `python <args>` from the repo root; returns the CompletedProcess (text)."""
-    e = {**os.environ, **ONE_THREAD, **(env or {})}
-    return subprocess.run([sys.executable, *map(str, args)], input=stdin, capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=e)
+SCRIPTS = ("train.py", "sample.py", "eval.py", "serve.py", "hf.py")
+
+
+def run_cli(args, stdin=None, timeout=300, env=None, cwd=ROOT, fresh=False):
+    """Run `python <args>` from the repo root; returns a CompletedProcess (text).
+
+    One of the project's scripts runs in this process: its main, under cli.run_cli as its
+    `__main__` runs it, with sys.argv, stdin, stdout and stderr swapped in, and an uncaught
+    exception printed as the interpreter prints it. That is the script's whole behaviour
+    but for what only a process shows, and it saves the seconds a new interpreter spends
+    importing torch. fresh=True (a test of the command itself), env, cwd and --http run a
+    real subprocess."""
+    args = [str(a) for a in args]
+    if fresh or env or cwd != ROOT or args[0] not in SCRIPTS or "--http" in args or "--http_load" in args:
+        e = {**os.environ, **ONE_THREAD, **(env or {})}
+        return subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd, env=e)
+    main = importlib.import_module(args[0][:-3]).main
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    saved = sys.argv, sys.stdin, os.getcwd(), torch.get_num_threads(), signal.getsignal(signal.SIGINT)
+    sys.argv, sys.stdin = args, io.StringIO(stdin or "")
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                cli.run_cli(main)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.argv, sys.stdin = saved[0], saved[1]
+        os.chdir(saved[2])
+        torch.set_num_threads(saved[3])
+        signal.signal(signal.SIGINT, saved[4])
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def assert_one_line_error(proc):

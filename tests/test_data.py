@@ -14,9 +14,9 @@ from conftest import assert_one_line_error, run_cli
 # The built-in instruction set
 
 def test_instruction_set_is_deterministic_and_seeded():
-    a = data.build_instruction_set(0, n_train=2000)
-    b = data.build_instruction_set(0, n_train=2000)
-    c = data.build_instruction_set(1, n_train=2000)
+    a = data.build_instruction_set(0, n_train=300, n_val=50, n_test=100)
+    b = data.build_instruction_set(0, n_train=300, n_val=50, n_test=100)
+    c = data.build_instruction_set(1, n_train=300, n_val=50, n_test=100)
     assert a == b
     assert a["train"] != c["train"]
     assert a["val"] != c["val"] or a["test"] != c["test"]

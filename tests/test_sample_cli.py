@@ -1,4 +1,4 @@
-"""sample.py as a command (subprocesses) on the trained tiny checkpoints."""
+"""sample.py as a command on the trained tiny checkpoints (see conftest.run_cli)."""
 import json
 
 import pytest
@@ -9,8 +9,8 @@ from conftest import assert_one_line_error, run_cli
 KEYS = {"prompt", "text", "tokens", "forwards", "tokens_per_forward", "seconds"}
 
 
-def sample(*args, stdin=None):
-    return run_cli(["sample.py", *args], stdin=stdin)
+def sample(*args, stdin=None, fresh=False):
+    return run_cli(["sample.py", *args], stdin=stdin, fresh=fresh)
 
 
 def json_lines(proc):
@@ -31,7 +31,7 @@ def test_json_output(tiny_run, splits):
 
 
 def test_held_out_answers_are_marked_right_or_wrong(tiny_run):
-    proc = sample("--ckpt", tiny_run / "mars.pt", "--num_prompts", "4", "--threshold", "0.5")
+    proc = sample("--ckpt", tiny_run / "mars.pt", "--num_prompts", "4", "--threshold", "0.5", fresh=True)
     assert proc.returncode == 0, proc.stderr
     stats = [line for line in proc.stdout.splitlines() if "tokens/forward" in line]
     assert len(stats) == 4

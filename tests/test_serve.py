@@ -116,7 +116,7 @@ def test_step_cost_is_monotone():
 def test_cli_end_to_end(tiny_run, tmp_path):
     proc = run_cli(["serve.py", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path, "--requests", "40",
                     "--sweep", "0.5", "1.5", "--sweep_requests", "12", "--max_batch", "4", "--max_new_tokens", "16"],
-                   timeout=120)
+                   timeout=120, fresh=True)
     assert proc.returncode == 0, proc.stderr
     assert "| policy | phase |" in proc.stdout and "ETA" in proc.stderr
     result = json.loads((tmp_path / "serve.json").read_text())
