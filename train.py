@@ -56,8 +56,8 @@ MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
 
 def get_args(argv=None):
     p = Parser(__doc__)
-    p.add_argument("--preset", choices=PRESETS, help="size of model and run: tiny (seconds), cpu (laptop; about "
-                                                      "an hour at one thread), gpu (one GPU), hf (the paper's recipe "
+    p.add_argument("--preset", choices=PRESETS, help="size of model and run: tiny (seconds), cpu (laptop; 46 "
+                                                      "minutes on two cores), gpu (one GPU), hf (the paper's recipe "
                                                       "for a real model); default hf when --init_from is a Hugging Face "
                                                       "directory (or was trained from one), else gpu with CUDA, "
                                                       "else cpu")
