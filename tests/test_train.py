@@ -333,7 +333,8 @@ def test_compile_one_mars_step_matches_eager(tiny_run, tmp_path):
         pytest.skip(f"torch.compile cannot run here: {why}")
     cmd = ["train.py", "--preset", "tiny", "--stage", "mars", "--mars_iters", "1", "--init_from", tiny_run / "ar.pt"]
     for name, extra in (("eager", []), ("compiled", ["--compile"])):
-        proc = run_cli(cmd + extra + ["--out_dir", tmp_path / name], timeout=600)
+        proc = run_cli(cmd + extra + ["--out_dir", tmp_path / name], timeout=600,
+                       fresh=True)  # a process of its own: compiled state would outlive the test
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert_checkpoint(tmp_path / name / "mars.pt", "mars")
     eager, compiled = (json.loads((tmp_path / n / "mars_log.json").read_text())[0] for n in ("eager", "compiled"))
