@@ -94,7 +94,7 @@ def run_cli(args, stdin=None, timeout=300, env=None, cwd=ROOT, fresh=False):
     exception printed as the interpreter prints it. That is the script's whole behaviour
     but for what only a process shows, and it saves the seconds a new interpreter spends
     importing torch. fresh=True (a test of the command itself), env, cwd and --http run a
-    real subprocess."""
+    real subprocess; timeout applies to a subprocess only."""
     args = [str(a) for a in args]
     if fresh or env or cwd != ROOT or args[0] not in SCRIPTS or "--http" in args or "--http_load" in args:
         e = {**os.environ, **ONE_THREAD, **(env or {})}
@@ -102,7 +102,8 @@ def run_cli(args, stdin=None, timeout=300, env=None, cwd=ROOT, fresh=False):
                               timeout=timeout, cwd=cwd, env=e)
     main = importlib.import_module(args[0][:-3]).main
     out, err, code = io.StringIO(), io.StringIO(), 0
-    saved = sys.argv, sys.stdin, os.getcwd(), torch.get_num_threads(), signal.getsignal(signal.SIGINT)
+    argv, stdin_, cwd_, threads, sigint = sys.argv, sys.stdin, os.getcwd(), torch.get_num_threads(), \
+        signal.getsignal(signal.SIGINT)
     sys.argv, sys.stdin = args, io.StringIO(stdin or "")
     os.chdir(ROOT)
     try:
@@ -115,10 +116,10 @@ def run_cli(args, stdin=None, timeout=300, env=None, cwd=ROOT, fresh=False):
                 traceback.print_exc()
                 code = 1
     finally:
-        sys.argv, sys.stdin = saved[0], saved[1]
-        os.chdir(saved[2])
-        torch.set_num_threads(saved[3])
-        signal.signal(signal.SIGINT, saved[4])
+        sys.argv, sys.stdin = argv, stdin_
+        os.chdir(cwd_)
+        torch.set_num_threads(threads)
+        signal.signal(signal.SIGINT, sigint)
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
