@@ -450,4 +450,4 @@ def test_trained_checkpoint_lossless_equals_ar_in_float32(tiny_run, splits):
     for B in (4, 8):
         gens = sample.generate(model, prompts, tok.eot, tok.mask, B=B, lossless=True)
         assert toks(gens) == ar, B
-        assert sum(len(g.tokens) for g in gens) > 1.1 * sum(g.steps for g in gens)  # drafts were accepted
+        assert sum(len(g.tokens) for g in gens) > sum(g.steps for g in gens)  # some drafts were accepted
