@@ -35,7 +35,7 @@ def markdown(result):
              "|---" * (len(tasks) + 4) + "|"]
     for r in q:
         cells = [pct(r), ci(r["ci"]), f"{r['tokens_per_forward']:.2f}"]
-        cells += [f"{100 * r['per_task'][t]['accuracy']:.0f}" for t in tasks]
+        cells += [f"{round(100 * r['per_task'][t]['accuracy'], 1):g}" for t in tasks]  # one prompt of 200 is half a point
         lines.append(f"| {row_name(r)} | " + " | ".join(cells) + " |")
     same = result["identical_to_ar"]
     lines += ["", f"Token for token against the MARS checkpoint decoded as AR (--ar): lossless differs on "
