@@ -83,7 +83,7 @@ def tiny_run(tmp_path_factory):
     return out
 
 
-SCRIPTS = ("train.py", "sample.py", "eval.py", "serve.py", "hf.py")
+SCRIPTS = ("train.py", "sample.py", "extras/eval.py", "extras/serve.py", "extras/hf.py")
 
 
 def run_cli(args, stdin=None, timeout=300, env=None, cwd=ROOT, fresh=False):
@@ -98,9 +98,10 @@ def run_cli(args, stdin=None, timeout=300, env=None, cwd=ROOT, fresh=False):
     args = [str(a) for a in args]
     if fresh or env or cwd != ROOT or args[0] not in SCRIPTS or "--http" in args or "--http_load" in args:
         e = {**os.environ, **ONE_THREAD, **(env or {})}
-        return subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True,
+        command = ["-m", args[0][:-3].replace("/", "."), *args[1:]] if args[0].startswith("extras/") else args
+        return subprocess.run([sys.executable, *command], input=stdin, capture_output=True, text=True,
                               timeout=timeout, cwd=cwd, env=e)
-    main = importlib.import_module(args[0][:-3]).main
+    main = importlib.import_module(args[0][:-3].replace("/", ".")).main
     out, err, code = io.StringIO(), io.StringIO(), 0
     argv, stdin_, cwd_, threads, sigint = sys.argv, sys.stdin, os.getcwd(), torch.get_num_threads(), \
         signal.getsignal(signal.SIGINT)

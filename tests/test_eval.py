@@ -11,9 +11,9 @@ import statistics
 import torch
 
 import data
-import eval as ev
+from extras import eval as ev
 import sample
-from stats import mcnemar_p, newcombe_paired, paired, wilson
+from extras.stats import mcnemar_p, newcombe_paired, paired, wilson
 
 
 def test_wilson_interval():
@@ -63,7 +63,7 @@ def test_eval_writes_tables(tiny_run, tmp_path):
     control = torch.load(mars_pt, weights_only=True)
     del control["mars"]
     torch.save(control, control_pt)
-    proc = run_cli(["eval.py", "--ar_ckpt", tiny_run / "ar.pt", "--ckpt", mars_pt, mars_pt,
+    proc = run_cli(["extras/eval.py", "--ar_ckpt", tiny_run / "ar.pt", "--ckpt", mars_pt, mars_pt,
                     "--control_ckpt", control_pt, "--out_dir", tmp_path, "--limit", "24",
                     "--thresholds", "0.9", "--speed_thresholds", "0.9", "--speed_prompts", "4", "--repeats", "2",
                     "--batch_sizes", "1", "2", "--cache_blocks", "4"], fresh=True)
@@ -147,7 +147,7 @@ def test_eval_writes_tables(tiny_run, tmp_path):
 
 def test_eval_rejects_missing_and_wrong_checkpoints(tiny_run, tmp_path):
     common = ["--ar_ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path]
-    assert_one_line_error(run_cli(["eval.py", *common, "--ckpt", tiny_run / "ar.pt"]))  # not a MARS checkpoint
-    assert_one_line_error(run_cli(["eval.py", *common, "--ckpt", tiny_run / "mars.pt", "--control_ckpt",
+    assert_one_line_error(run_cli(["extras/eval.py", *common, "--ckpt", tiny_run / "ar.pt"]))  # not a MARS checkpoint
+    assert_one_line_error(run_cli(["extras/eval.py", *common, "--ckpt", tiny_run / "mars.pt", "--control_ckpt",
                                    tmp_path / "missing.pt"]))
-    assert_one_line_error(run_cli(["eval.py", *common, "--ckpt", tiny_run / "mars.pt", tmp_path / "missing.pt"]))
+    assert_one_line_error(run_cli(["extras/eval.py", *common, "--ckpt", tiny_run / "mars.pt", tmp_path / "missing.pt"]))

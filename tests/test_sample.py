@@ -1,4 +1,4 @@
-"""sample.generate: MARS decoding against AR greedy, the three caches, batches,
+"""engine.generate_batch (and sample.generate, the loop a student reads): MARS decoding against AR greedy, the three caches, batches,
 per-request thresholds, metrics, stopping, lossless decoding and the KV cache
 contents; on random float64 models and on the trained tiny checkpoint."""
 import pytest
@@ -6,8 +6,10 @@ import torch
 
 import mars
 import model as model_lib
+import engine
 import sample
 from conftest import EOT, MASK, random_model, random_prompts
+from extras.eval import official_tpf
 
 PROMPTS = random_prompts((3, 7, 12, 5, 1))
 N = 40  # max_new_tokens
@@ -21,12 +23,12 @@ def m(request):
 @pytest.fixture(scope="module")
 def ar_out(m):
     """AR greedy (B = 1) for each prompt alone, without a cache: the reference."""
-    return [sample.generate(m, [p], EOT, MASK, B=1, cache="none", max_new_tokens=N)[0].tokens for p in PROMPTS]
+    return [engine.generate_batch(m, [p], EOT, MASK, B=1, cache="none", max_new_tokens=N)[0].tokens for p in PROMPTS]
 
 
 def gen(m, prompts=PROMPTS, **kw):
     kw.setdefault("max_new_tokens", N)
-    return sample.generate(m, prompts, EOT, MASK, **kw)
+    return engine.generate_batch(m, prompts, EOT, MASK, **kw)
 
 
 def toks(gens):
@@ -37,7 +39,7 @@ def check_accounting(gens, max_new_tokens=N):
     for g in gens:
         assert sum(len(c) for c in g.chunks) == len(g.tokens)
         assert [t for c in g.chunks for t in c] == g.tokens
-        assert len(g.chunks) == g.forwards and all(g.chunks)
+        assert all(g.chunks)
         assert 0 < len(g.tokens) <= max_new_tokens
         assert EOT not in g.tokens[:-1]
         assert g.seconds > 0
@@ -57,7 +59,7 @@ def test_test_models_are_meaningful(m, ar_out):
 def test_tau_one_equals_ar_greedy(m, ar_out, B, cache):
     gens = gen(m, B=B, tau=1.0, cache=cache, cache_block=5)
     assert toks(gens) == ar_out
-    assert all(g.forwards == len(g.tokens) for g in gens)
+    assert all(len(g.chunks) == len(g.tokens) for g in gens)
     check_accounting(gens)
     assert [gen(m, [p], B=B, tau=1.0, cache=cache)[0].tokens for p in PROMPTS[:2]] == ar_out[:2]
 
@@ -146,7 +148,7 @@ def check_block_cache(model, prompts, tau, cache_block, eot, mask, max_new_token
     for batch_size in (1, 4, 16):
         for i in range(0, len(prompts), batch_size):
             batch = prompts[i:i + batch_size]
-            gens = sample.generate(model, batch, eot, mask, B=4, tau=tau, cache="block", cache_block=cache_block,
+            gens = engine.generate_batch(model, batch, eot, mask, B=4, tau=tau, cache="block", cache_block=cache_block,
                                    max_new_tokens=max_new_tokens)
             assert [g.chunks for g in gens] == [c for c, _ in ref[i:i + batch_size]], (batch_size, i)
             assert [g.steps for g in gens] == official_forwards([n for _, n in ref[i:i + batch_size]])
@@ -166,7 +168,7 @@ def test_decode_step_ragged_rows_join_and_leave(m):
     """decode_step against an uncached forward of each row alone, as rows of different
     lengths, drafts and masks share a cache, join it (add_rows) and leave it (keep_rows)."""
     def check(rows, kv):
-        tokens, conf = sample.decode_step(m, rows, kv, MASK)
+        tokens, conf = engine.decode_step(m, rows, kv, MASK)
         assert tokens.shape == conf.shape == (len(rows), max(1 + len(r.drafts) + r.n_masks for r in rows))
         for r, t, c in zip(rows, tokens, conf):
             n = 1 + len(r.drafts) + r.n_masks
@@ -179,13 +181,13 @@ def test_decode_step_ragged_rows_join_and_leave(m):
         kv.rollback([r.cached for r in rows])
 
     kv = m.new_cache(2, 64)
-    rows = [sample.Row(list(PROMPTS[1]), n_masks=3), sample.Row(list(PROMPTS[2]))]
+    rows = [engine.Request([], ids=list(PROMPTS[1]), n_masks=3), engine.Request([], ids=list(PROMPTS[2]))]
     check(rows, kv)
     rows[0].cached, rows[1].cached = 5, len(PROMPTS[2])
     rows[1].ids += [4, 9]
     rows[1].drafts, rows[1].n_masks = [11, 3], 2
     kv.add_rows(1)
-    rows.append(sample.Row(list(PROMPTS[0]), n_masks=1))
+    rows.append(engine.Request([], ids=list(PROMPTS[0]), n_masks=1))
     check(rows, kv)
     kv.keep_rows([1, 2])
     rows = rows[1:]
@@ -226,8 +228,8 @@ def test_per_request_tau(m, ar_out):
         alone = [gen(m, [p], B=4, tau=t, cache=cache, cache_block=6)[0] for p, t in zip(PROMPTS, taus)]
         assert toks(batched) == toks(alone)
         assert batched[0].tokens == ar_out[0]
-        assert batched[0].forwards == len(batched[0].tokens)
-        assert batched[1].forwards < len(batched[1].tokens)
+        assert len(batched[0].chunks) == len(batched[0].tokens)
+        assert len(batched[1].chunks) < len(batched[1].tokens)
     assert toks(gen(m, B=4, tau=torch.tensor(taus))) == toks(gen(m, B=4, tau=taus))
 
 
@@ -253,7 +255,7 @@ def test_stops_at_eot(m, kw):
     for p in PROMPTS[1:4]:
         full = gen(m, [p], **kw)[0].tokens
         i = next(i for i in range(2, len(full) - 1) if full.index(full[i]) == i)
-        g = sample.generate(m, [p], full[i], MASK, max_new_tokens=N, **kw)[0]
+        g = engine.generate_batch(m, [p], full[i], MASK, max_new_tokens=N, **kw)[0]
         assert g.tokens == full[:i + 1]
         assert g.chunks[-1][-1] == full[i]
 
@@ -312,8 +314,8 @@ def test_ragged_batches_near_the_context_limit_fit_the_kv_cache(m, monkeypatch):
             assert all(len(p) + len(g.tokens) <= 64 for p, g in zip(prompts, gens))
     assert all(need <= slots for need, slots in spy.needs)
     # sized from the prompts, not from the context alone: short prompts get a short cache
-    assert sample.kv_slots([[1] * 5], 32768, 64, 4, "sliding", 16) == 5 + 64 - 1 + 7
-    assert sample.kv_slots([[1] * 5, [1] * 60], 64, 40, 4, "block", 16) == 64 - 1 + 17
+    assert engine.kv_slots([[1] * 5], 32768, 64, 4, "sliding", 16) == 5 + 64 - 1 + 7
+    assert engine.kv_slots([[1] * 5, [1] * 60], 64, 40, 4, "block", 16) == 64 - 1 + 17
 
 
 def test_official_tokens_per_forward_counter(m):
@@ -326,14 +328,14 @@ def test_official_tokens_per_forward_counter(m):
         confs = [e["conf"] for e in trace if e["row"] == i]
         n = [mars.accept(torch.tensor([c]), 0.5).item() for c in confs]
         assert g.accepted == sum(n) >= len(g.tokens)
-    assert sample.official_tpf([gens]) == sum(g.accepted for g in gens) / gens[0].batch_forwards
+    assert official_tpf([gens]) == sum(g.accepted for g in gens) / gens[0].batch_forwards
     alone = [gen(m, [p], B=4, tau=0.5) for p in PROMPTS]
-    assert sample.official_tpf(alone) == sum(g[0].accepted for g in alone) / sum(g[0].steps for g in alone)
+    assert official_tpf(alone) == sum(g[0].accepted for g in alone) / sum(g[0].steps for g in alone)
     # past <|endoftext|>: pretend a token inside a multi-token chunk is the end; the rest of that chunk counts
     full = gen(m, [PROMPTS[1]], B=4, tau=0.3)[0]
     ends = [sum(map(len, full.chunks[:k + 1])) for k in range(len(full.chunks))]  # chunk k ends before ends[k]
     i = next(i for i in range(len(full.tokens)) if full.tokens.index(full.tokens[i]) == i and i + 1 not in ends)
-    cut = sample.generate(m, [PROMPTS[1]], full.tokens[i], MASK, B=4, tau=0.3, max_new_tokens=N)[0]
+    cut = engine.generate_batch(m, [PROMPTS[1]], full.tokens[i], MASK, B=4, tau=0.3, max_new_tokens=N)[0]
     assert cut.tokens == full.tokens[:i + 1]
     assert cut.accepted == next(e for e in ends if e > i) > len(cut.tokens)
 
@@ -364,7 +366,7 @@ def test_lossless_equals_ar(m, ar_out, B):
     check_accounting(batched)
     assert [gen(m, [p], B=B, lossless=True)[0].tokens for p in PROMPTS] == ar_out
     assert toks(gen(m, B=B, lossless=True, cache="none")) == ar_out
-    assert sum(g.forwards for g in batched) < sum(len(t) for t in ar_out)  # it did take several at once
+    assert sum(len(g.chunks) for g in batched) < sum(len(t) for t in ar_out)  # it did take several at once
 
 
 class CacheSpy:
@@ -421,14 +423,14 @@ def trained(tiny_run):
 def test_trained_checkpoint_lossless_and_tau_one_equal_ar(trained, splits):
     model, tok, ckpt = trained
     prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"][:12]]
-    ar = toks(sample.generate(model, prompts, tok.eot, tok.mask, B=1))
+    ar = toks(engine.generate_batch(model, prompts, tok.eot, tok.mask, B=1))
     assert all(t for t in ar)
     for B in (2, 4, 8):
-        assert toks(sample.generate(model, prompts, tok.eot, tok.mask, B=B, lossless=True)) == ar, B
-        assert toks(sample.generate(model, prompts[:3], tok.eot, tok.mask, B=B, lossless=True, cache="none")) == ar[:3]
+        assert toks(engine.generate_batch(model, prompts, tok.eot, tok.mask, B=B, lossless=True)) == ar, B
+        assert toks(engine.generate_batch(model, prompts[:3], tok.eot, tok.mask, B=B, lossless=True, cache="none")) == ar[:3]
     B = ckpt["mars"]["B"]
-    assert toks(sample.generate(model, prompts, tok.eot, tok.mask, B=B, tau=1.0)) == ar
-    assert [sample.generate(model, [p], tok.eot, tok.mask, B=B, lossless=True)[0].tokens for p in prompts[:4]] == ar[:4]
+    assert toks(engine.generate_batch(model, prompts, tok.eot, tok.mask, B=B, tau=1.0)) == ar
+    assert [engine.generate_batch(model, [p], tok.eot, tok.mask, B=B, lossless=True)[0].tokens for p in prompts[:4]] == ar[:4]
 
 
 def test_trained_checkpoint_block_cache_is_the_official_algorithm(trained, splits):
@@ -446,8 +448,60 @@ def test_trained_checkpoint_lossless_equals_ar_in_float32(tiny_run, splits):
     model.eval()
     assert model.wte.weight.dtype == torch.float32
     prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"][:32]]
-    ar = [sample.generate(model, [p], tok.eot, tok.mask, B=1)[0].tokens for p in prompts]
+    ar = [engine.generate_batch(model, [p], tok.eot, tok.mask, B=1)[0].tokens for p in prompts]
     for B in (4, 8):
-        gens = sample.generate(model, prompts, tok.eot, tok.mask, B=B, lossless=True)
+        gens = engine.generate_batch(model, prompts, tok.eot, tok.mask, B=B, lossless=True)
         assert toks(gens) == ar, B
         assert sum(len(g.tokens) for g in gens) > sum(g.steps for g in gens)  # some drafts were accepted
+
+
+# ---------------------------------------------------------------------------
+# The loop a student reads (sample.generate) is the loop the engine runs
+
+@pytest.mark.parametrize("tau", [1.0, 0.9, 0.7, 0.5, 0.3])
+def test_readable_loop_equals_engine(m, tau):
+    for p in PROMPTS:
+        out, chunks = sample.generate(m, p, EOT, MASK, B=4, tau=tau, max_new_tokens=N)
+        g = engine.generate_batch(m, [p], EOT, MASK, B=4, tau=tau, max_new_tokens=N)[0]
+        assert (out, chunks) == (g.tokens, g.chunks)  # the same tokens, committed in the same forwards
+        assert len(chunks) == g.steps
+
+
+def test_trained_checkpoint_readable_loop_equals_engine(tiny_run, splits):
+    """In float32, as sample.py runs: token for token and forward for forward, at several taus."""
+    model, tok = sample.model_from_checkpoint(sample.load_checkpoint(str(tiny_run / "mars.pt")))
+    model.eval()
+    B = 4
+    multi = 0
+    for tau in (1.0, 0.95, 0.9, 0.7, 0.4):
+        for e in splits["test"][:24]:
+            p = tok.prompt_ids(e["prompt"])
+            out, chunks = sample.generate(model, p, tok.eot, tok.mask, B, tau)
+            g = engine.generate_batch(model, [p], tok.eot, tok.mask, B=B, tau=tau, n_vocab=tok.n_vocab)[0]
+            assert (out, chunks, len(chunks)) == (g.tokens, g.chunks, g.steps), (tau, e["prompt"])
+            multi += any(len(c) > 1 for c in chunks)
+    assert multi > 0  # several tokens per forward did happen
+
+
+def test_trained_checkpoint_rows_equal_batch_one(trained, splits):
+    """Each row of a batch commits what it commits alone, with either cache."""
+    model, tok, ckpt = trained
+    prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"][:10]]
+    for kw in (dict(cache="sliding"), dict(cache="block", cache_block=8)):
+        batched = engine.generate_batch(model, prompts, tok.eot, tok.mask, B=4, tau=0.6, **kw)
+        alone = [engine.generate_batch(model, [p], tok.eot, tok.mask, B=4, tau=0.6, **kw)[0] for p in prompts]
+        assert [g.chunks for g in batched] == [g.chunks for g in alone], kw
+
+
+def test_tau_that_underflows_never_reads_another_rows_window(m):
+    """A tau that rounds to 0 in float32 accepts every prediction of its own window, never the padding
+    that a wider row (a lossless one, with drafts) puts after it in the same forward."""
+    tiny = 1e-300
+    alone = [engine.generate_batch(m, [p], EOT, MASK, B=4, tau=tiny, max_new_tokens=N)[0].tokens for p in PROMPTS]
+    eng = engine.Engine(m, EOT, MASK, 4, len(PROMPTS) * 2, N)
+    mixed = [engine.Request(list(p), tau=tiny) for p in PROMPTS]
+    eng.waiting.extend([r for p, t in zip(PROMPTS, mixed) for r in (t, engine.Request(list(p), lossless=True))])
+    while eng.backlog:
+        eng.step()
+    assert [r.tokens for r in mixed] == alone
+    assert MASK not in sum(alone, [])

@@ -1,11 +1,12 @@
-"""serve.py: the engine decodes each request as generate decodes it alone, tau = 1.0
+"""extras.serve on engine.Engine: the engine decodes each request as generate decodes it alone, tau = 1.0
 rows carry no masks, the adaptive policy's hysteresis, and the command end to end."""
 import json
 
 import pytest
 
 import sample
-import serve
+from engine import Engine, generate_batch
+from extras import serve
 from conftest import EOT, MASK, assert_one_line_error, random_model, random_prompts, run_cli
 
 
@@ -15,25 +16,27 @@ def serve_all(engine, requests, joins):
     shapes, step = [], 0
     while any(r.finish is None for r in requests):
         engine.waiting.extend(r for r, j in zip(requests, joins) if j == step)
-        batch, width, _, finished = engine.step(step)
+        stepped, finished, width = engine.step()
+        for r in stepped:
+            r.admitted = step if r.admitted is None else r.admitted
         for r in finished:
             r.finish = step
-        shapes.append((batch, width))
+        shapes.append((len(stepped), width))
         step += 1
     return shapes
 
 
 def check_against_generate(model, prompts, taus, joins, eot, mask, B=4, max_batch=3, max_new_tokens=20):
-    engine = serve.Engine(model, eot, mask, B, max_batch, max_new_tokens)
-    requests = [serve.Request(arrival=j, prompt=p, tau=t) for p, t, j in zip(prompts, taus, joins)]
+    engine = Engine(model, eot, mask, B, max_batch, max_new_tokens)
+    requests = [serve.Timed(p, arrival=j, tau=t) for p, t, j in zip(prompts, taus, joins)]
     shapes = serve_all(engine, requests, joins)
     batches = [b for b, _ in shapes]
     assert max(batches) == max_batch and len(set(batches)) > 1  # rows really joined and left mid-flight
     assert len({r.admitted for r in requests}) > 2
     for r in requests:
-        alone = sample.generate(model, [r.prompt], eot, mask, B=B, tau=r.tau, max_new_tokens=max_new_tokens)[0]
+        alone = generate_batch(model, [r.prompt], eot, mask, B=B, tau=r.tau, max_new_tokens=max_new_tokens)[0]
         assert r.tokens == alone.tokens, (r.tau, len(r.prompt))
-        assert r.forwards == alone.forwards
+        assert r.steps == alone.steps
 
 
 def test_engine_equals_generate_alone_random_model():
@@ -57,8 +60,8 @@ def test_tau_one_rows_carry_no_masks():
     model, prompts = random_model(), random_prompts([5, 8, 3, 11])
     shapes, outputs = {}, {}
     for name, B, tau in [("ar", 1, 1.0), ("tau=1.0", 4, 1.0), ("tau=0.5", 4, 0.5)]:
-        requests = [serve.Request(arrival=0, prompt=p, tau=tau) for p in prompts]
-        shapes[name] = serve_all(serve.Engine(model, EOT, MASK, B, 4, 12), requests, [0] * 4)
+        requests = [serve.Timed(p, arrival=0, tau=tau) for p in prompts]
+        shapes[name] = serve_all(Engine(model, EOT, MASK, B, 4, 12), requests, [0] * 4)
         outputs[name] = [r.tokens for r in requests]
     assert shapes["ar"] == shapes["tau=1.0"] and outputs["ar"] == outputs["tau=1.0"]
     assert shapes["tau=1.0"][0] == (4, 11) and {w for _, w in shapes["tau=1.0"][1:]} == {1}
@@ -68,14 +71,14 @@ def test_tau_one_rows_carry_no_masks():
 
 def test_tau_is_read_at_every_step():
     model, prompts = random_model(), random_prompts([6, 6])
-    engine = serve.Engine(model, EOT, MASK, 4, 2, 30)
-    requests = [serve.Request(arrival=0, prompt=p, tau=0.5) for p in prompts]
+    engine = Engine(model, EOT, MASK, 4, 2, 30)
+    requests = [serve.Timed(p, arrival=0, tau=0.5) for p in prompts]
     engine.waiting.extend(requests)
     widths = []
     for step in range(6):
         if step == 3:
             requests[0].tau = requests[1].tau = 1.0  # a policy lowers the load mid-request
-        widths.append(engine.step()[1])
+        widths.append(engine.step()[2])
     assert min(widths[1:3]) >= 4 and widths[3:] == [1, 1, 1]
 
 
@@ -114,7 +117,7 @@ def test_step_cost_is_monotone():
 
 
 def test_cli_end_to_end(tiny_run, tmp_path):
-    proc = run_cli(["serve.py", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path, "--requests", "40",
+    proc = run_cli(["extras/serve.py", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path, "--requests", "40",
                     "--sweep", "0.5", "1.5", "--sweep_requests", "12", "--max_batch", "4", "--max_new_tokens", "16"],
                    timeout=120, fresh=True)
     assert proc.returncode == 0, proc.stderr
@@ -143,63 +146,63 @@ def test_cli_end_to_end(tiny_run, tmp_path):
                                   ["--ladder", "1.0"], ["--clock", "sundial"], ["--requests", "many"], ["--sweep", "0"],
                                   ["--slo", "-1"], ["--ckpt", "missing.pt"]])
 def test_bad_flags_one_line_error(args):
-    assert_one_line_error(run_cli(["serve.py", *args]))
+    assert_one_line_error(run_cli(["extras/serve.py", *args]))
 
 
 def test_rejects_an_ar_checkpoint(tiny_run, tmp_path):
-    assert_one_line_error(run_cli(["serve.py", "--ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path]))
+    assert_one_line_error(run_cli(["extras/serve.py", "--ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path]))
 
 
 def test_cache_is_copied_only_when_rows_change():
     """A step where no row joins or leaves must not touch the cache (it used to copy it twice per forward)."""
-    engine = serve.Engine(random_model(), EOT, MASK, 4, 2, 8)
+    engine = Engine(random_model(), EOT, MASK, 4, 2, 8)
     calls = []
     for name in ("add_rows", "keep_rows"):
         method = getattr(engine.kv, name)
         setattr(engine.kv, name, lambda *a, method=method, name=name: (calls.append(name), method(*a))[1])
-    requests = [serve.Request(arrival=0, prompt=p, tau=1.0) for p in random_prompts([5, 7])]
+    requests = [serve.Timed(p, arrival=0, tau=1.0) for p in random_prompts([5, 7])]
     engine.waiting.extend(requests)
     engine.step()
     assert calls == ["add_rows"]  # both rows joined in one call
     k = engine.kv.k
     for _ in range(3):  # nobody joins or leaves: the same tensor, no copy
-        _, _, stepped, finished = engine.step()
+        stepped, finished, _ = engine.step()
         assert len(stepped) == 2 and not finished and engine.kv.k is k
     assert calls == ["add_rows"]
     requests[0].cancelled = True  # a row leaves: now the cache shrinks, once
-    assert engine.step()[0] == 1 and calls == ["add_rows", "keep_rows"] and engine.kv.k.shape[1] == 1
+    assert len(engine.step()[0]) == 1 and calls == ["add_rows", "keep_rows"] and engine.kv.k.shape[1] == 1
 
 
 def test_cancelled_requests_leave_before_the_next_forward():
     model = random_model()
-    engine = serve.Engine(model, EOT, MASK, 4, 3, 30)
-    requests = [serve.Request(arrival=0, prompt=p, tau=0.7) for p in random_prompts([4, 6, 9, 5])]
+    engine = Engine(model, EOT, MASK, 4, 3, 30)
+    requests = [serve.Timed(p, arrival=0, tau=0.7) for p in random_prompts([4, 6, 9, 5])]
     engine.waiting.extend(requests)
     engine.step()
     assert requests[1] in engine.running and requests[2] in engine.running and len(engine.waiting) == 1
     requests[1].cancelled = requests[3].cancelled = True  # one running, one still waiting
     rest = [id(r) for r in engine.running if not r.cancelled]
-    batch, _, stepped, _ = engine.step()
-    assert [id(r) for r in stepped] == rest and batch == len(rest) and engine.kv.k.shape[1] == len(engine.running)
-    assert requests[3].row is None and not engine.waiting and requests[1].forwards == 1
+    stepped, _, _ = engine.step()
+    assert [id(r) for r in stepped] == rest and engine.kv.k.shape[1] == len(engine.running)
+    assert requests[3].steps == 0 and not engine.waiting and requests[1].steps == 1
     serve_all(engine, [requests[2]], [-1])
-    alone = sample.generate(model, [requests[2].prompt], EOT, MASK, B=4, tau=0.7, max_new_tokens=30)[0]
+    alone = generate_batch(model, [requests[2].prompt], EOT, MASK, B=4, tau=0.7, max_new_tokens=30)[0]
     assert requests[2].tokens == alone.tokens  # the others go on undisturbed
 
 
 def test_engine_lossless_equals_ar():
     """lossless rows run through the same step: AR's output, in fewer forwards, beside threshold rows."""
     model, prompts = random_model(), random_prompts([3, 9, 20, 6, 12])
-    engine = serve.Engine(model, EOT, MASK, 4, 3, 24)
-    requests = [serve.Request(arrival=0, prompt=p, lossless=i != 2, tau=0.5 if i == 2 else 1.0)
+    engine = Engine(model, EOT, MASK, 4, 3, 24)
+    requests = [serve.Timed(p, arrival=0, lossless=i != 2, tau=0.5 if i == 2 else 1.0)
                 for i, p in enumerate(prompts)]
     serve_all(engine, requests, [0, 0, 0, 1, 2])
     fewer = 0
     for r in requests:
-        ar = sample.generate(model, [r.prompt], EOT, MASK, B=1, max_new_tokens=24)[0]
+        ar = generate_batch(model, [r.prompt], EOT, MASK, B=1, max_new_tokens=24)[0]
         if r.lossless:
             assert r.tokens == ar.tokens
-            fewer += r.forwards < ar.forwards
+            fewer += r.steps < ar.steps
         else:
-            assert r.tokens == sample.generate(model, [r.prompt], EOT, MASK, B=4, tau=0.5, max_new_tokens=24)[0].tokens
+            assert r.tokens == generate_batch(model, [r.prompt], EOT, MASK, B=4, tau=0.5, max_new_tokens=24)[0].tokens
     assert fewer >= 2  # the drafts were really accepted

@@ -1,16 +1,16 @@
 """Serving under load: continuous batching, a threshold per request, and a
 controller that lowers tau when the queue grows.
 
-    python serve.py                   # out/mars.pt -> out/serve.json, out/serve.png, a Markdown table
-    python serve.py --clock wall      # the same trace against the real clock, as a sanity check
-    python serve.py --http            # an OpenAI-compatible HTTP server and a page on this engine (server.py)
-    python serve.py --http_load       # the trace sent by real HTTP clients, on the wall clock (server.py)
+    python -m extras.serve                   # out/mars.pt -> out/serve.json, out/serve.png, a Markdown table
+    python -m extras.serve --clock wall      # the same trace against the real clock, as a sanity check
+    python -m extras.serve --http            # an OpenAI-compatible HTTP server and a page on this engine (server.py)
+    python -m extras.serve --http_load       # the trace sent by real HTTP clients, on the wall clock (server.py)
 
 The paper claims that under high load a MARS server "can increase throughput on the fly
 without swapping models or restarting", and never measures it. This is that experiment:
 
 1. The engine: continuous batching (iteration-level scheduling, as in Orca and vLLM)
-   around the step every decoder shares (sample.decode_step). Before every forward it
+   in engine.py, the decoder every tool shares. Before every forward it
    admits waiting requests up to --max_batch; a new prompt is the uncached part of its
    row's window, so it is prefilled in the same forward as the others' steps; finished
    requests leave after it. Each request's tau is read at every step. A row at tau = 1.0
@@ -35,119 +35,30 @@ import os
 import random
 import sys
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 import data
-import mars
 from cli import Parser, UserError, run_cli
-from eval import machine
-from serve_report import goals, markdown, plot
-from sample import (Row, accepted, decode_step, load_checkpoint, lossless_commit, model_from_checkpoint, threshold,
-                    through_eot)
+from extras.eval import machine
+from extras.serve_report import goals, markdown, plot
+from engine import Engine, Request, decode_step
+from sample import load_checkpoint, model_from_checkpoint, threshold
 
 # the trace: (phase, arrival rate as a multiple of the tau = 1.0 capacity), equal durations
 PHASES = (("light", 0.5), ("overload", 1.3), ("recovery", 0.5))
 
 
-# ---------------------------------------------------------------------------
-# The engine
-
-@dataclass
-class Request:
-    arrival: float  # seconds since the start of the trace
-    prompt: list  # ids
+@dataclass(eq=False)
+class Timed(Request):
+    """A request of the trace, with its times (seconds since the start of the trace)."""
+    arrival: float = 0.0
     example: dict = None  # the held-out example, for the answer checker
-    tau: float = 1.0  # read at every step: a policy may change it mid-request
-    lossless: bool = False  # commit only what AR greedy decoding would (sample.lossless_commit); tau unused
-    max_new_tokens: int = None  # this request's limit (default: the engine's)
-    cancelled: bool = False  # set by anyone (a client hung up): the request leaves before the next forward
-    row: Row = None  # the decoding state while running
-    tokens: list = field(default_factory=list)  # generated ids, <|endoftext|> included when reached
-    chunks: list = field(default_factory=list)  # what each forward committed
-    forwards: int = 0
-    tau_sum: float = 0.0  # of the tau of each forward, for the mean
     admitted: float = None
     first_token: float = None
     finish: float = None
-
-
-class Engine:
-    """Continuous batching over sample.decode_step, one KV-cache row per running request.
-
-    A request decoded here commits exactly the tokens sample.generate commits
-    for it alone at the same tau (greedy): the step is the same, and a row's
-    result does not depend on the other rows of its batch. The cache is only
-    copied when rows join or leave, never on a step where the batch stays."""
-
-    def __init__(self, model, eot_id, mask_id, B, max_batch, max_new_tokens=64, n_vocab=None, max_context=None):
-        self.model, self.eot_id, self.mask_id, self.B, self.n_vocab = model, eot_id, mask_id, B, n_vocab
-        self.max_batch, self.max_new_tokens = max_batch, max_new_tokens
-        # prompt + answer at most: the model's context, or less (a 32k context would size a 32k cache per row)
-        self.max_seq = min(model.config.max_seq_len, max_context or model.config.max_seq_len)
-        # a window is padded to the widest row (a new prompt), whatever this row has cached
-        self.kv = model.new_cache(0, 2 * self.max_seq + 2 * B)
-        self.waiting, self.running = deque(), []
-
-    @property
-    def backlog(self):
-        return len(self.waiting) + len(self.running)
-
-    def evict(self, keep):
-        """Keep running[i] for i in keep, with their cache rows; the others leave."""
-        if len(keep) < len(self.running):
-            self.kv.keep_rows(keep)
-            self.running = [self.running[i] for i in keep]
-
-    @torch.inference_mode()
-    def step(self, now=0.0):
-        """Drop the cancelled, admit, one forward, commit, evict. Returns (batch, width, stepped, finished):
-        the forward's shape (what it costs), the requests it stepped, those that left after it."""
-        self.evict([i for i, r in enumerate(self.running) if not r.cancelled])
-        if any(r.cancelled for r in self.waiting):
-            self.waiting = deque(r for r in self.waiting if not r.cancelled)
-        if not self.waiting and not self.running:
-            return 0, 0, [], []
-        admit = min(len(self.waiting), self.max_batch - len(self.running))
-        for _ in range(admit):
-            r = self.waiting.popleft()
-            r.row, r.admitted = Row(ids=list(r.prompt)), now
-            self.running.append(r)
-        if admit:
-            self.kv.add_rows(admit)
-        stepped = list(self.running)
-        rows = [r.row for r in stepped]
-        for r in stepped:  # masks only for rows that can use them
-            r.row.n_masks = self.B - 1 if r.tau < 1 or r.lossless else 0
-        tokens, conf = decode_step(self.model, rows, self.kv, self.mask_id, n_vocab=self.n_vocab)
-        width = self.kv.lengths[0] - rows[0].cached  # the cache now holds every row's whole (padded) window
-        n = mars.accept(conf, torch.tensor([r.tau for r in stepped], device=conf.device))
-
-        keep, finished = [], []
-        for i, (r, new) in enumerate(zip(stepped, accepted(n, tokens))):
-            if r.lossless:  # accepted drafts, then the AR token; the cache keeps the drafts it accepted
-                (new,), (drafts,) = lossless_commit([tokens[i].tolist()], [r.row.drafts], self.B)
-            limit = r.max_new_tokens or self.max_new_tokens
-            budget = min(limit - len(r.tokens), self.max_seq - len(r.row.ids))
-            kept = through_eot(new[:budget], self.eot_id)
-            # the real tokens fed are cached; the new ones lead the next window
-            r.row.cached = len(r.row.ids) + (len(kept) - 1 if r.lossless else 0)
-            r.row.drafts = drafts if r.lossless and kept == new else []
-            r.row.ids += kept
-            r.tokens += kept
-            r.chunks.append(kept)
-            r.forwards += 1
-            r.tau_sum += r.tau
-            if self.eot_id in kept or len(r.tokens) >= limit or len(r.row.ids) >= self.max_seq:
-                finished.append(r)
-            else:
-                keep.append(i)
-        self.kv.rollback([r.row.cached for r in stepped])  # drop the masks' keys and values
-        self.evict(keep)
-        return len(stepped), width, stepped, finished
 
 
 # ---------------------------------------------------------------------------
@@ -217,7 +128,7 @@ class StepCost:
         for round in range(repeats + 1):  # round 0 is a warm-up
             for i, b in enumerate(batches):
                 for j, w in enumerate(widths):
-                    rows = [Row(ids=[mask_id] * (c + w), cached=c) for c in cached[:b]]
+                    rows = [Request([], ids=[mask_id] * (c + w), cached=c) for c in cached[:b]]
                     t0 = time.perf_counter()
                     decode_step(model, rows, caches[b], mask_id)[0].tolist()  # to the host: waits for the device
                     if round:
@@ -260,8 +171,8 @@ def make_trace(examples, phases, seed):
 
 def simulate(model, tok, trace, policy, B, max_batch, clock, max_new_tokens):
     """Serve a trace; returns (requests, steps), steps = [(end time, backlog, tau, tokens committed)]."""
-    engine = Engine(model, tok.eot, tok.mask, B, max_batch, max_new_tokens, tok.n_vocab)
-    reqs = [Request(arrival=a, prompt=tok.prompt_ids(e["prompt"]), example=e) for a, e in trace]
+    engine = Engine(model, tok.eot, tok.mask, B, max_batch, max_new_tokens, n_vocab=tok.n_vocab)
+    reqs = [Timed(tok.prompt_ids(e["prompt"]), arrival=a, example=e) for a, e in trace]
     steps, i = [], 0
     while i < len(reqs) or engine.backlog:
         while i < len(reqs) and reqs[i].arrival <= clock.now():
@@ -275,11 +186,13 @@ def simulate(model, tok, trace, policy, B, max_batch, clock, max_new_tokens):
         for r in list(engine.waiting) + engine.running:
             r.tau = tau
         before = sum(len(r.tokens) for r in engine.running)  # the admitted have none yet
-        batch, width, stepped, finished = engine.step(clock.now())
-        clock.forward_done(batch, width)
+        start = clock.now()
+        stepped, finished, width = engine.step()
+        clock.forward_done(len(stepped), width)
         now = clock.now()
         for r in stepped:
-            r.first_token = r.first_token if r.first_token is not None else now
+            r.admitted = start if r.admitted is None else r.admitted
+            r.first_token = now if r.first_token is None else r.first_token
         for r in finished:
             r.finish = now
         steps.append((now, backlog, tau, sum(len(r.tokens) for r in stepped) - before))
@@ -325,7 +238,7 @@ def summarise(reqs, steps, start, end, slo, tok):
     server committed in that window, whichever request it belonged to."""
     lat = [r.finish - r.arrival for r in reqs]
     ttft = [r.first_token - r.arrival for r in reqs]
-    forwards = sum(r.forwards for r in reqs)
+    forwards = sum(r.steps for r in reqs)
     correct = [data.check(r.example, tok.decode([t for t in r.tokens if t != tok.eot])) for r in reqs]
     pct = lambda xs, q: float(np.percentile(xs, q))
     return dict(requests=len(reqs), p50_latency=pct(lat, 50), p99_latency=pct(lat, 99),
@@ -468,6 +381,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     if {"--http", "--http_load"} & set(sys.argv):  # server.py sits above this module: it takes the command over
-        os.execv(sys.executable, [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py"),
-                                  *sys.argv[1:]])
+        os.execv(sys.executable, [sys.executable, "-m", "extras.server", *sys.argv[1:]])
     run_cli(main)

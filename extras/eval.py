@@ -1,9 +1,9 @@
 """The paper's tables in miniature: quality with confidence intervals, ablations, wall clock.
 
-    python eval.py                                  # out/ar.pt, out/mars.pt (+ out/control.pt) -> out/
-    python eval.py --ckpt out/mars.pt out/b8.pt     # a Pareto curve per MARS checkpoint
-    python eval.py --limit 200 --repeats 2          # a quick look
-    python eval.py --ckpt DIR_or.pt --data gsm8k_test.jsonl   # your JSONL: accuracy, tokens/forward (section 4)
+    python -m extras.eval                                  # out/ar.pt, out/mars.pt (+ out/control.pt) -> out/
+    python -m extras.eval --ckpt out/mars.pt out/b8.pt     # a Pareto curve per MARS checkpoint
+    python -m extras.eval --limit 200 --repeats 2          # a quick look
+    python -m extras.eval --ckpt DIR_or.pt --data gsm8k_test.jsonl   # your JSONL: accuracy, tokens/forward (section 4)
 
 Writes eval.json, pareto.png and metrics.png to --out_dir and prints the tables as Markdown.
 
@@ -46,9 +46,10 @@ import torch
 import data
 import mars
 from cli import Parser, UserError, run_cli
-from sample import generate, load_checkpoint, model_from_checkpoint, official_tpf
-from eval_report import markdown, plot
-from stats import paired, wilson
+from engine import generate_batch
+from sample import load_checkpoint, model_from_checkpoint
+from extras.eval_report import markdown, plot
+from extras.stats import paired, wilson
 
 # The paper's Table 5 (Qwen2.5-7B, one H200, GSM8K, tau = 0.95), for the report.
 PAPER_TABLE5 = ("paper (Qwen2.5-7B, one H200, GSM8K, tau = 0.95): block cache 1.71x at batch 4 (B_cache 32), "
@@ -84,25 +85,35 @@ def length_bucket(n):
     return f"{lo}-{hi}" if hi else f"{lo}+"
 
 
+def official_tpf(batches):
+    """Tokens per forward as the official samplers count it (MARSCachedSampler, MARSBlockCachedSampler): over
+    every batch, the tokens all its rows accepted, those past <|endoftext|> in the same forward or block
+    included, over the batch's forwards, each counted once whatever the batch size. `batches`: one list of
+    finished requests per generate_batch call. At batch 1 it differs from ours (tokens / steps) only past
+    <|endoftext|>; at batch b it is about b times ours."""
+    accepted = sum(g.accepted for gens in batches for g in gens)
+    return accepted / max(sum(gens[0].batch_forwards for gens in batches if gens), 1)
+
+
 def score(model, tok, examples, batch_size=64, **decode):
     """Exact-answer accuracy (with its 95% interval) and tokens per forward, overall, per task family and
     per answer length; "correct" (one 0/1 per example, in order) and "outputs" (the generated ids) for pairing.
 
     tokens_per_forward (ours): output tokens (through the first <|endoftext|>) summed over the prompts,
-    divided by the forwards each prompt's row took part in (Generation.steps: the block cache's waits and
+    divided by the forwards each prompt's row took part in (Request.steps: the block cache's waits and
     writes included), summed over the prompts. It does not depend on the batch size for the sliding cache
     and no cache (a row's forwards are its own), and it is defined for any subset of the prompts.
-    tokens_per_forward_official: the official samplers' counter (sample.official_tpf) at this batch size:
+    tokens_per_forward_official: the official samplers' counter (official_tpf) at this batch size:
     accepted tokens of all rows, those past <|endoftext|> in the same forward included, over the batches'
     forwards, each counted once. It is about batch_size times ours; at batch 1 it equals ours but for the
     tokens past <|endoftext|>. answer_tokens of a prompt: its reference response in tokens, the closing
     <|endoftext|> included (what AR decoding needs forwards for).
 
-    `decode` goes to sample.generate (B, tau, cache, lossless, metric, ...)."""
+    `decode` goes to engine.generate_batch (B, tau, cache, lossless, metric, ...)."""
     correct, tokens, forwards, outputs, batches = [], [], [], [], []
     for i in range(0, len(examples), batch_size):
         batch = examples[i:i + batch_size]
-        gens = generate(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask,
+        gens = generate_batch(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask,
                         **{"n_vocab": tok.n_vocab, **decode})  # never an id past the tokenizer (a real model's rows)
         batches.append(gens)
         for e, g in zip(batch, gens):
@@ -154,7 +165,7 @@ def against_ar(ar, x, prompts, batch_size, repeats):
     both see the same moment of a machine whose speed drifts; one pass over all
     prompts is a repeat, the first a warm-up. Returns x's row, AR's rates and AR's official counter.
 
-    A repeat's rate is its output tokens over its seconds (sample.generate's clock, which waits for
+    A repeat's rate is its output tokens over its seconds (generate_batch's clock, which waits for
     the device), summed over the batches of the pass; the repeat's ratio is x's rate over AR's. The
     speedup is the median of the per-repeat ratios, speedup_spread their [min, max]; the lists are in
     the row. tokens_per_forward (ours) and tokens_per_forward_official come from the same timed
@@ -166,7 +177,7 @@ def against_ar(ar, x, prompts, batch_size, repeats):
         tokens, forwards, seconds, batches = [0, 0], [0, 0], [0.0, 0.0], ([], [])
         for i in range(0, len(prompts), batch_size):
             for k, (m, t, decode) in enumerate((ar, x)):
-                gens = generate(m, ids[k][i:i + batch_size], t.eot, t.mask, **decode)
+                gens = generate_batch(m, ids[k][i:i + batch_size], t.eot, t.mask, **decode)
                 tokens[k] += sum(len(g.tokens) for g in gens)
                 forwards[k] += sum(g.steps for g in gens)
                 seconds[k] += gens[0].seconds
