@@ -1,6 +1,7 @@
 """Command-line conventions every tool of the project shares: a user's mistake is one line
 on stderr and a non-zero exit, never a traceback."""
 import argparse
+import os
 import sys
 
 import torch
@@ -14,6 +15,9 @@ def run_cli(main):
     """Run a command-line main: a user's mistake becomes one line on stderr and exit 1."""
     try:
         main()
+    except BrokenPipeError:  # the reader left (e.g. `| head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except (UserError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -20,7 +20,9 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from cli import Parser
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 OUT = os.path.join(ROOT, "docs", "memory_qwen2.5-0.5b.json")
 QWEN25_05B = dict(vocab_size=151936, max_seq_len=32768, n_layer=24, n_head=14, n_kv_head=2, n_embd=896, head_dim=64,
                   intermediate_size=4864, rope_base=1e6, norm_eps=1e-6, qkv_bias=True, tie_embeddings=True)
@@ -69,9 +71,13 @@ def one_step(dtype):
             "rss_gib": {k: {"current": gib(c), "peak": gib(p)} for k, (c, p) in marks.items()}}
 
 
-def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--one":
-        print(json.dumps(one_step(sys.argv[2])))
+def main(argv=None):
+    p = Parser(__doc__)
+    p.add_argument("--one", choices=["float32", "bfloat16"], help="internal: measure one precision in this process "
+                                                                  "and print its JSON line")
+    args = p.parse_args(argv)
+    if args.one:
+        print(json.dumps(one_step(args.one)))
         return
     runs = []
     for dtype in ("float32", "bfloat16"):

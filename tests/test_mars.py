@@ -17,7 +17,7 @@ def m():
 
 
 def reference_mask(T, B, offset=0):
-    """The four rules of the paper's section "Training" (README: The method in one picture), one element at a
+    """The four rules of the paper's section "Training" (mars.mars_attention_mask), one element at a
     time (blocks shifted by offset)."""
     M = [[False] * (2 * T) for _ in range(2 * T)]
     for i in range(2 * T):
