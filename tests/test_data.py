@@ -1,6 +1,5 @@
-"""data.py: the instruction set, its checkers, the tokenizer, batching, JSONL loading."""
+"""data.py and tokenizer.py: the instruction set, its checkers, the toy tokenizer, batching, JSONL loading."""
 import json
-import time
 
 import pytest
 import torch
@@ -32,12 +31,9 @@ def test_splits_are_disjoint_by_prompt(splits):
     assert len(val) == len(splits["val"]) and len(test) == len(splits["test"])
 
 
-def test_instruction_set_size_families_and_speed():
-    t0 = time.time()
+def test_instruction_set_size_and_families():
     s = data.build_instruction_set(0, n_train=40000)
-    seconds = time.time() - t0
     assert len(s["train"]) >= 0.99 * 40000
-    assert seconds < 20, f"building 40k examples took {seconds:.1f} s"
     families = {e["task"] for e in s["train"]}
     assert len(families) >= 8
     for split in ("val", "test"):
@@ -147,6 +143,37 @@ def test_tokenizer_state_round_trip(tok, tmp_path):
     for s in ROUND_TRIP:
         assert tok2.encode(s) == tok.encode(s)
         assert tok2.decode(tok.encode(s)) == s
+
+
+def test_toy_state_of_earlier_checkpoints_loads_unchanged(tok):
+    """A checkpoint's tokenizer from before states carried the chat format ({"pattern", "tokens"}) loads as the toy:
+    <|endoftext|><|user|>prompt<|assistant|>response<|endoftext|>, with the specials after the vocabulary."""
+    old = tokenizer.Tokenizer.from_state({"pattern": tok.pattern, "tokens": tok.state()["tokens"]})
+    n = len(tok.state()["tokens"])
+    assert (old.eot, old.mask, old.user, old.assistant, old.n_vocab) == (n, n + 1, n + 2, n + 3, n + 4)
+    prompt = [n, n + 2, *tok.encode("Hi <|user|>"), n + 3]
+    assert old.example_ids("Hi <|user|>", "Yo") == (prompt + tok.encode("Yo") + [n], len(prompt))
+    assert old.prompt_ids([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                           {"role": "user", "content": "c"}]) == [n, n + 2, *tok.encode("a"), n + 3, *tok.encode("b"),
+                                                                  n, n + 2, *tok.encode("c"), n + 3]
+    with pytest.raises(ValueError, match="user and assistant turns only"):
+        old.prompt_ids([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+
+
+def test_long_whitespace_is_refused_not_a_panic(tok, monkeypatch):
+    """tiktoken's regex engine panics (pyo3's PanicException, a BaseException) on a run of about a million
+    spaces: encode refuses text longer than MAX_CHARS with a ValueError naming the limit, and any panic
+    left becomes a ValueError too."""
+    fits = "a" + " " * (tokenizer.MAX_CHARS - 1)
+    assert tok.decode(tok.encode(fits)) == fits
+    for text in ("a" + " " * 1_000_000, " " * 1_000_000 + "b", "x" * (tokenizer.MAX_CHARS + 1)):
+        with pytest.raises(ValueError, match="the tokenizer takes at most 500,000"):
+            tok.encode(text)
+    with pytest.raises(ValueError, match="the tokenizer takes at most 500,000"):
+        tok.prompt_ids("Hi" + " " * 1_000_000)
+    monkeypatch.setattr(tokenizer, "MAX_CHARS", 10 ** 7)  # without the limit, tiktoken panics
+    with pytest.raises(ValueError, match="the tokenizer failed on this text"):
+        tok.encode("a" + " " * 1_000_000)
 
 
 # ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Hugging Face directories (hf.py, tokenizer.Tokenizer.from_hf, sample.py on them) against
+"""Hugging Face directories (extras/hf.py, extras/hf_tokenizer.py, sample.py on them) against
 transformers and tokenizers, offline: tiny random Qwen2 and Llama models and byte-level BPE
 tokenizers are built here, never downloaded. Every parameter is perturbed first (transformers
 initialises biases to 0 and norms to 1, which would hide a wrong mapping), and the padding rows
@@ -12,14 +12,17 @@ import unicodedata
 from dataclasses import asdict
 
 import pytest
+import safetensors.torch
 import tokenizers
 import torch
 import transformers
+from safetensors.torch import save_file
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 
 import tokenizer
-import hf
+from extras import hf, hf_tokenizer
 from cli import UserError
+import engine
 import sample
 from conftest import assert_one_line_error, run_cli
 from model import GPT, GPTConfig
@@ -214,11 +217,12 @@ def test_mars_release_threshold_lossless_caches_chat(dirs, capsys, monkeypatch):
 def test_sampler_never_emits_ids_without_a_token(dirs):
     model, tok = ours(dirs["qwen2"])  # its padding rows' logits are large: unbanned, they win
     prompt = [tok.prompt_ids("Hi there")]
-    free = sample.generate(model, prompt, tok.eot, tok.mask, max_new_tokens=12)[0].tokens
+    free = engine.generate_batch(model, prompt, tok.eot, tok.mask, max_new_tokens=12)[0].tokens
     assert any(t >= tok.n_vocab for t in free)
     for kw in [dict(), dict(B=4, tau=0.5), dict(B=4, tau=0.5, cache="block"), dict(B=4, lossless=True),
                dict(temperature=1.0)]:
-        got = sample.generate(model, prompt, tok.eot, tok.mask, max_new_tokens=12, n_vocab=tok.n_vocab, **kw)[0].tokens
+        got = engine.generate_batch(model, prompt, tok.eot, tok.mask, max_new_tokens=12, n_vocab=tok.n_vocab,
+                                    **kw)[0].tokens
         assert len(got) == 12 and max(got) < tok.n_vocab and tok.mask not in got, kw
 
 
@@ -242,7 +246,7 @@ def test_tiktoken_needs_merges_in_rank_order(dirs):
     tj = json.loads((dirs["qwen2"] / "tokenizer.json").read_text())
     tj["model"]["merges"][3], tj["model"]["merges"][40] = tj["model"]["merges"][40], tj["model"]["merges"][3]
     with pytest.raises(ValueError, match="merges are not in the order"):
-        tokenizer.Tokenizer.from_hf(tj, {"chat_template": QWEN_TEMPLATE})
+        hf_tokenizer.from_hf(tj, {"chat_template": QWEN_TEMPLATE})
 
 
 CHATS = [[{"role": "user", "content": "What is 2 + 2?"}],
@@ -258,7 +262,7 @@ def test_chat_template_renders_as_transformers(dirs, kind):
     assert tok.eot == hftok.convert_tokens_to_ids(end)
     for msgs in CHATS:
         text = hftok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        assert tok.render(msgs, add_generation_prompt=True) == text
+        assert tok.chat(msgs, add_generation_prompt=True) == text
         prompt = hftok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)["input_ids"]
         assert tok.prompt_ids(msgs) == prompt
         full = hftok.apply_chat_template(msgs + [{"role": "assistant", "content": "It is 4."}], tokenize=True)["input_ids"]
@@ -277,9 +281,22 @@ def test_chat_template_renders_as_transformers(dirs, kind):
         tok.prompt_ids(CHATS[2][:2])
 
 
-def toy_checkpoint(qkv_bias, tie):
+def test_toy_chat_is_its_jinja_template():
+    """The toy's chat format in plain Python writes what its Jinja template writes (the template a checkpoint
+    stores and an export gives transformers), for any conversation, and refuses what it refuses."""
+    toy, jinja, rng = tokenizer.ToyChat(), hf_tokenizer.JinjaChat(tokenizer.TOY_TEMPLATE), random.Random(0)
+    for _ in range(300):
+        msgs = [{"role": rng.choice(["user", "assistant"]), "content": rng.choice(PIECES + CORPUS)}
+                for _ in range(rng.randint(0, 5))]
+        assert toy(msgs) == jinja(msgs) and toy(msgs, True) == jinja(msgs, True)
+    for chat in (toy, jinja):
+        with pytest.raises(ValueError, match="chat template: this template has user and assistant turns only"):
+            chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+
+
+def toy_checkpoint(qkv_bias, tie, spare_rows=2):
     tok = tokenizer.Tokenizer.train(CORPUS * 5 + some_strings(300), 300)
-    config = GPTConfig(vocab_size=tok.n_vocab + 2, max_seq_len=64, n_layer=2, n_head=4, n_embd=32, n_kv_head=2,
+    config = GPTConfig(vocab_size=tok.n_vocab + spare_rows, max_seq_len=64, n_layer=2, n_head=4, n_embd=32, n_kv_head=2,
                        qkv_bias=qkv_bias, tie_embeddings=tie, rope_base=500.0, norm_eps=1e-5)
     torch.manual_seed(1)
     m = GPT(config)
@@ -304,9 +321,11 @@ def assert_exported_equal(ckpt, out):
     for msgs in CHATS[:1] + CHATS[2:]:
         assert hftok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)["input_ids"] == tok.prompt_ids(msgs)
     assert hftok.convert_tokens_to_ids("<|mask|>") == tok.mask and hftok.eos_token_id == tok.eot
-    back = hf.read_checkpoint(out)  # and the export reads back as it was
-    assert back.get("mars") == ckpt.get("mars") and back["model_config"] == asdict(model.config)
-    assert tokenizer.Tokenizer.from_state(back["tokenizer"]).prompt_ids(CHATS[2]) == tok.prompt_ids(CHATS[2])
+    back = hf.read_checkpoint(out)  # and the export reads back as it was (a row may have been added for <|pad|>)
+    rows = max(model.config.vocab_size, tok.n_vocab + 1)
+    assert back.get("mars") == ckpt.get("mars") and back["model_config"] == {**asdict(model.config), "vocab_size": rows}
+    again = tokenizer.Tokenizer.from_state(back["tokenizer"])
+    assert again.prompt_ids(CHATS[2]) == tok.prompt_ids(CHATS[2]) and again.n_vocab == tok.n_vocab
 
 
 @pytest.mark.parametrize("qkv_bias,tie", [(False, True), (True, False)])
@@ -314,10 +333,39 @@ def test_export_toy_checkpoint_round_trip(tmp_path, qkv_bias, tie):
     ckpt = toy_checkpoint(qkv_bias, tie)
     path = tmp_path / "toy.pt"
     torch.save(ckpt, path)
-    proc = run_cli(["hf.py", "export", path, tmp_path / "out"])
+    proc = run_cli(["extras/hf.py", "export", path, tmp_path / "out"])
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "out" / "config.json").read_text())["mars_block_size"] == 8
     assert_exported_equal(ckpt, tmp_path / "out")
+
+
+@pytest.mark.parametrize("spare_rows", [0, 2])
+def test_export_pad_token_keeps_left_padded_batches_exact(tmp_path, spare_rows):
+    """The export's pad token is none of the prompt's tokens (the toy's prompts start with its end-of-text):
+    transformers' greedy generate on a left-padded batch equals ours row by row, whether the attention mask
+    comes from the tokenizer's padding or, as in the official samplers, from ids != pad_token_id."""
+    ckpt = toy_checkpoint(qkv_bias=False, tie=spare_rows == 0, spare_rows=spare_rows)  # 0: as train.py's toy
+    hf.export(ckpt, tmp_path)
+    model, tok = sample.model_from_checkpoint(ckpt)
+    pad = json.loads((tmp_path / "config.json").read_text())["pad_token_id"]
+    hftok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert pad == tok.n_vocab == hftok.pad_token_id == json.loads((tmp_path / "generation_config.json").read_text())[
+        "pad_token_id"] and hftok.padding_side == "left" and hftok.pad_token == "<|pad|>"
+    prompts = ["Hi", "What is 12 + 34?", "Café, naïve façade, résumé.", "日本語 😀 and more?"]
+    ids = [tok.prompt_ids(p) for p in prompts]
+    assert len(set(map(len, ids))) == len(ids) and all(x[0] == tok.eot for x in ids)
+    assert pad not in {t for x in ids for t in x}
+    batch = hftok.apply_chat_template([[{"role": "user", "content": p}] for p in prompts], add_generation_prompt=True,
+                                      padding=True, return_tensors="pt", return_dict=True)
+    assert [row[row != pad].tolist() for row in batch["input_ids"]] == ids
+    want = [r.tokens for r in engine.generate_batch(model, ids, tok.eot, tok.mask, max_new_tokens=12,
+                                                     n_vocab=tok.n_vocab)]
+    ref = reference(tmp_path)
+    for mask in (batch["attention_mask"], (batch["input_ids"] != pad).long()):
+        out = ref.generate(batch["input_ids"], attention_mask=mask, do_sample=False, max_new_tokens=12,
+                           suppress_tokens=[tok.mask, *range(tok.n_vocab, ref.config.vocab_size)])
+        got = [row.tolist() for row in out[:, batch["input_ids"].shape[1]:]]
+        assert [g[:g.index(tok.eot) + 1] if tok.eot in g else g for g in got] == want
 
 
 def test_export_of_a_hugging_face_model_round_trip(dirs, tmp_path):
@@ -327,42 +375,94 @@ def test_export_of_a_hugging_face_model_round_trip(dirs, tmp_path):
     assert_exported_equal(ckpt, tmp_path / "out")
 
 
-def test_toy_state_of_earlier_checkpoints_loads_unchanged():
-    tok = tokenizer.Tokenizer.train(CORPUS * 5, 300)
-    old = tokenizer.Tokenizer.from_state({"pattern": tok.pattern, "tokens": tok.state()["tokens"]})
-    n = len(tok.state()["tokens"])
-    assert (old.eot, old.mask, old.user, old.assistant, old.n_vocab) == (n, n + 1, n + 2, n + 3, n + 4)
-    prompt = [n, n + 2, *tok.encode("Hi <|user|>"), n + 3]  # <|endoftext|><|user|>prompt<|assistant|>
-    assert old.example_ids("Hi <|user|>", "Yo") == (prompt + tok.encode("Yo") + [n], len(prompt))
-
-
-@pytest.mark.parametrize("change,words", [({"model_type": "mistral"}, "model_type 'mistral'"),
-                                          ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling 'llama3'"),
-                                          ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_scaling 'yarn'"),
-                                          ({"use_sliding_window": True}, "sliding-window"),
-                                          ({"attention_bias": True}, "attention_bias")])
-def test_unsupported_configs_are_refused_in_one_line(dirs, change, words):
-    cfg = {**json.loads((dirs["llama"] / "config.json").read_text()), **change}
-    with pytest.raises(ValueError, match=words) as e:
-        hf.config_from_hf(cfg)
-    assert "\n" not in str(e.value)
-
-
 def test_command_line_refusals(dirs, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(dirs["llama"], bad)
-    cfg = json.loads((bad / "config.json").read_text())
-    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral"}))
-    proc = run_cli(["sample.py", "--ckpt", bad, "--ar", "--prompt", "hi", "--device", "cpu"])
+    (bad / "model.safetensors").write_bytes(b"")
+    proc = run_cli(["extras/hf.py", "export", bad, tmp_path / "out"])
     assert_one_line_error(proc)
-    assert "model_type 'mistral' is not supported" in proc.stderr
-    (bad / "config.json").write_text(json.dumps({**cfg, "vocab_size": tokenizer.Tokenizer.from_state(
-        hf.read_checkpoint(dirs["llama"])["tokenizer"]).n_vocab - 1}))  # no row left for <|mask|>
-    proc = run_cli(["hf.py", "export", bad, tmp_path / "out"])
-    assert_one_line_error(proc)
-    assert "no spare embedding row for <|mask|>" in proc.stderr
+    assert f"error: {bad}: model.safetensors: not a readable safetensors file" in proc.stderr
     with pytest.raises(UserError, match="give --prompt or --chat"):  # no held-out prompts of its own
         sample.main(["--ckpt", str(dirs["llama"]), "--ar", "--device", "cpu"])
+
+
+def damage(path, file, change):
+    """path/file rewritten: bytes are its content, a slice keeps that part of it, a dict is merged into its
+    JSON, a function maps its tensors."""
+    f = path / file
+    if isinstance(change, (bytes, slice)):
+        f.write_bytes(change if isinstance(change, bytes) else f.read_bytes()[change])
+    elif isinstance(change, dict):
+        f.write_text(json.dumps({**json.loads(f.read_text()), **change}))
+    else:
+        save_file(change(safetensors.torch.load_file(f)), f)
+
+
+LOOPS = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+W, C, T = "model.safetensors", "config.json", "tokenizer_config.json"
+DAMAGED = {  # case: (directory, file, change, what the one-line error says)
+    "truncated": ("llama", W, slice(-100), "model.safetensors: not a readable safetensors file"),
+    "empty": ("llama", W, b"", "model.safetensors: not a readable safetensors file"),
+    "garbage": ("llama", W, b"garbage" * 100, "model.safetensors: not a readable safetensors file"),
+    "missing key": ("llama", W, lambda w: {k: v for k, v in w.items() if "layers.1.mlp.up" not in k},
+                    "model.safetensors: no weight model.layers.1.mlp.up_proj.weight"),
+    "extra key": ("llama", W, lambda w: {**w, "model.layers.0.mlp.fc.weight": w["model.norm.weight"].clone()},
+                  "model.safetensors: unexpected weight model.layers.0.mlp.fc.weight"),
+    "shape": ("llama", C, {"intermediate_size": 96},
+              "model.safetensors: model.layers.0.mlp.gate_proj.weight has shape [64, 32], config.json says [96, 32]"),
+    "shard ..": ("qwen2", hf.INDEX, {"weight_map": {"x": "../../x.safetensors"}},
+                 "model.safetensors.index.json: shard '../../x.safetensors' is outside the model directory"),
+    "shard /etc": ("qwen2", hf.INDEX, {"weight_map": {"x": "/etc/passwd"}}, "shard '/etc/passwd' is outside"),
+    "config list": ("llama", C, b"[1, 2]", "config.json: not a JSON object"),
+    "config text": ("llama", C, b"{", "config.json: not valid JSON"),
+    "model_type": ("llama", C, {"model_type": "mistral"}, "config.json: model_type 'mistral' is not supported"),
+    "rope string": ("llama", C, {"rope_scaling": "linear"}, "config.json: rope_scaling must be an object"),
+    "rope llama3": ("llama", C, {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling 'llama3' is not"),
+    "rope yarn": ("llama", C, {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_scaling 'yarn' is not"),
+    "sliding": ("llama", C, {"use_sliding_window": True}, "config.json: sliding-window attention is not supported"),
+    "bias": ("llama", C, {"attention_bias": True}, "config.json: ['attention_bias'] is not supported"),
+    "layers string": ("llama", C, {"num_hidden_layers": "2"}, "config.json: num_hidden_layers must be a positive"),
+    "no mask row": ("llama", C, {"vocab_size": 100}, "no spare embedding row for <|mask|>"),
+    "few rows": ("mars", C, {"vocab_size": 300}, "config.json: vocab_size 300 is smaller than the tokenizer's"),
+    "B = 0": ("mars", C, {"mars_block_size": 0}, "config.json: mars_block_size must be an integer >= 1"),
+    "tokenizer": ("llama", "tokenizer.json", b"{}", "tokenizer.json: not a tokenizer this loader reads"),
+    "syntax": ("llama", T, {"chat_template": "{{ m.content }"}, "tokenizer_config.json: chat template: line 1"),
+    "jinja file": ("qwen2", "chat_template.jinja", b"{% if %}", "chat_template.jinja: chat template: line 1"),
+    "include": ("llama", T, {"chat_template": "{% include 'x' %}"}, "a chat template must be self-contained"),
+    "recursion": ("llama", T, {"chat_template": "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"}, "RecursionError"),
+    "range": ("llama", T, {"chat_template": "{% for i in range(10**9) %}{% endfor %}"}, "a number over 500,000"),
+    "nested loops": ("llama", T, {"chat_template": LOOPS}, "chat template: it ran longer than 1 s"),
+    "output": ("llama", T, {"chat_template": "{% for i in range(99999) %}{{ messages }}{% endfor %}"},
+               "chat template: it wrote more than 500,000 characters"),
+    "doubling": ("llama", T, {"chat_template": "{% set n = namespace(s='ab') %}{% for i in range(99) %}"
+                                               "{% set n.s = n.s ~ n.s %}{% endfor %}"}, "a value longer than 500,000"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED)
+def test_damaged_directory_is_one_line_naming_the_file(dirs, tmp_path, case):
+    kind, file, change, words = DAMAGED[case]
+    bad = tmp_path / "MARS-blk4" if kind == "mars" else tmp_path / "bad"
+    shutil.copytree(dirs[kind], bad)
+    damage(bad, file, change)
+    proc = run_cli(["sample.py", "--ckpt", bad, "--threshold", "0.9", "--prompt", "hi", "--device", "cpu"])
+    assert_one_line_error(proc)
+    assert f"error: {bad}: " in proc.stderr and words in proc.stderr
+    assert "retrain" not in proc.stderr and "AR checkpoint" not in proc.stderr
+
+
+def test_a_template_that_runs_away_on_some_conversations_fails_those_alone(dirs):
+    """A template checked at load can still run away on a later conversation: that prompt is a ValueError."""
+    tok = hf_tokenizer.from_hf(json.loads((dirs["llama"] / "tokenizer.json").read_text()),
+                               {"chat_template": "{% if messages[0].role == 'system' %}" + LOOPS + "{% endif %}"
+                                + LLAMA3_TEMPLATE, "bos_token": "<|begin_of_text|>"})
+    assert tok.prompt_ids("hi") and tok.decode([tok.eot]) == "<|eot_id|>"
+    with pytest.raises(ValueError, match="chat template: it ran longer than 1 s"):
+        tok.prompt_ids([{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}])
+    with pytest.raises(ValueError, match="500,000"):  # text that long stops in the template, or in the tokenizer
+        tok.prompt_ids("a" + " " * 1_000_000 + "b")
+    with pytest.raises(ValueError, match="the tokenizer takes at most 500,000"):  # else tiktoken panics (Llama 3's regex)
+        tok.encode("a" + " " * 1_000_000)
 
 
 @pytest.mark.skipif(not os.environ.get("MARS_HF_CKPT"), reason="set MARS_HF_CKPT to a real checkpoint directory")
@@ -381,7 +481,7 @@ def test_real_checkpoint():
         assert (model(x) - ref(input_ids=x).logits).abs().max() < 1e-3
     want = ref.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=16, eos_token_id=tok.eot,
                         suppress_tokens=[tok.mask, *range(tok.n_vocab, model.config.vocab_size)])[0, len(ids):].tolist()
-    got = sample.generate(model, [ids], tok.eot, tok.mask, max_new_tokens=16, n_vocab=tok.n_vocab)[0].tokens
+    got = engine.generate_batch(model, [ids], tok.eot, tok.mask, max_new_tokens=16, n_vocab=tok.n_vocab)[0].tokens
     assert got == want
     for s in some_strings(300):
         assert tok.encode(s) == hftok.encode(s, add_special_tokens=False), repr(s)
@@ -395,11 +495,11 @@ def test_llama3_without_a_spare_row_takes_a_reserved_token_for_mask(dirs, tmp_pa
     t.save(str(tmp_path / "tokenizer.json"))
     config = json.loads((dirs["llama"] / "tokenizer_config.json").read_text())
     full = json.loads((tmp_path / "tokenizer.json").read_text())
-    tok = tokenizer.Tokenizer.from_hf(full, config, n_rows=t.get_vocab_size())
+    tok = hf_tokenizer.from_hf(full, config, n_rows=t.get_vocab_size())
     assert tok.mask == t.token_to_id("<|reserved_special_token_0|>")
     assert tok.eot == t.token_to_id("<|eot_id|>")
     with pytest.raises(ValueError, match="no spare embedding row"):  # neither a spare row nor a reserved token
-        tokenizer.Tokenizer.from_hf(json.loads((dirs["llama"] / "tokenizer.json").read_text()), config,
+        hf_tokenizer.from_hf(json.loads((dirs["llama"] / "tokenizer.json").read_text()), config,
                                n_rows=tokenizers.Tokenizer.from_file(str(dirs["llama"] / "tokenizer.json")).get_vocab_size())
 
 
@@ -407,18 +507,19 @@ def test_serving_engine_on_a_mars_release(dirs, tmp_path):
     """serve.py's engine on a Hugging Face MARS directory: its answers are generate's (padding rows past the
     tokenizer banned in both), its KV cache is sized by --max_context, not the model's context, and the
     load experiment asks for --data, since such a model has no held-out prompts of ours."""
-    import serve
+    from extras import serve
     model, tok, B, ckpt = serve.load_mars(str(dirs["mars"]), "cpu")
     prompts = [tok.prompt_ids(p) for p in ("Hello café", "日本語のテキスト", "12345 and 😀")]
     for tau in (1.0, 0.5):
         context = max(map(len, prompts)) + 12  # room for the answers, less than the model's 256
-        engine = serve.Engine(model, tok.eot, tok.mask, B, 2, 10, tok.n_vocab, max_context=context)
-        assert engine.kv.max_len < model.config.max_seq_len
-        requests = [serve.Request(arrival=0, prompt=p, tau=tau) for p in prompts]
-        engine.waiting.extend(requests)
-        while engine.backlog:
-            engine.step()
-        want = sample.generate(model, prompts, tok.eot, tok.mask, B=B, tau=tau, max_new_tokens=10, n_vocab=tok.n_vocab)
+        eng = engine.Engine(model, tok.eot, tok.mask, B, 2, 10, n_vocab=tok.n_vocab, max_context=context)
+        assert eng.kv.max_len < model.config.max_seq_len
+        requests = [engine.Request(p, tau=tau) for p in prompts]
+        eng.waiting.extend(requests)
+        while eng.backlog:
+            eng.step()
+        want = engine.generate_batch(model, prompts, tok.eot, tok.mask, B=B, tau=tau, max_new_tokens=10,
+                                     n_vocab=tok.n_vocab)
         assert [r.tokens for r in requests] == [g.tokens for g in want]
         assert all(t < tok.n_vocab and t != tok.mask for r in requests for t in r.tokens)
     with pytest.raises(UserError, match="give --data"):

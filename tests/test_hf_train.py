@@ -9,8 +9,8 @@ import torch
 import transformers
 
 import data
-import eval as evaluate
-import hf
+from extras import eval as evaluate
+from extras import hf
 import cli
 import sample
 import train

@@ -1,46 +1,82 @@
-"""The modules form layers and import downwards only (the README's layout):
-model, mars, data, tokenizer, cli and stats at the bottom; hf (Hugging Face directories)
-on model, tokenizer and cli;
-sample above them; train, eval, serve on top.
-Read from the source with ast, so a cycle is caught without importing anything."""
+"""The modules form layers and import downwards only. At the root, the method: model, mars, data,
+tokenizer and cli at the bottom (they import none of ours), engine on model and mars, sample on
+engine, train on sample. extras/ sits above the root and may import any of it; the root never
+imports extras at module level (a function may, on the Hugging Face path). No import cycle.
+Read from the source with ast, so nothing is imported."""
 import ast
 
 from conftest import ROOT
 
 BOTTOM = {"model", "mars", "data", "tokenizer", "cli"}
-# what each module of ours may import: downwards, and on top only the two uses that
-# exist (train's end-of-run summary and serve's machine line come from eval); nothing
-# imports train, and eval imports no other top module, so no circle can form
-ALLOWED = {
-    "model": set(), "mars": set(), "data": set(), "tokenizer": set(), "cli": set(), "stats": set(),
-    "hf": {"model", "tokenizer", "cli"},  # Hugging Face directories in and out: never mars, never the decoders
-    "sample": BOTTOM | {"hf"},
-    "train": BOTTOM | {"sample", "eval"},
-    "eval_report": set(),  # eval's tables and figures
-    "eval": BOTTOM | {"sample", "stats", "eval_report"},
-    "serve_report": set(),  # the load experiment's table and figure
-    "serve": BOTTOM | {"sample", "eval", "serve_report"},
-    "server": BOTTOM | {"sample", "eval", "serve", "serve_report"},  # HTTP on serve's engine; nothing imports it
+ALLOWED = {  # what each root module may import of the root, at module level or inside a function
+    **{name: set() for name in BOTTOM},
+    "engine": {"model", "mars"},
+    "sample": BOTTOM | {"engine"},
+    "train": BOTTOM | {"engine", "sample"},
 }
 
 
-def project_imports(name):
-    tree = ast.parse((ROOT / f"{name}.py").read_text())
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            found.add(node.module.split(".")[0])
-    return found & ALLOWED.keys()
+def imports(source, package=None):
+    """(module, at module level) for each import of ours in source: root modules by name, extras as
+    "extras.x". package: "extras" for a module inside it (relative imports)."""
+    found = []
+
+    def visit(node, top):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                found.extend((a.name, top) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = package if child.level else child.module
+                if child.level and child.module:
+                    base += "." + child.module
+                found.extend((f"{base}.{a.name}" if base == "extras" else base, top) for a in child.names)
+            visit(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+    visit(ast.parse(source), True)
+    ours = ALLOWED.keys() | {f"extras.{p.stem}" for p in (ROOT / "extras").glob("*.py")}
+    return {(name if name in ours else name.split(".")[0], top) for name, top in found} & \
+        {(name, top) for name in ours for top in (True, False)}
+
+
+def modules():
+    """Every module of the project: name -> its imports."""
+    found = {p.stem: imports(p.read_text()) for p in ROOT.glob("*.py")}
+    found.update({f"extras.{p.stem}": imports(p.read_text(), "extras") for p in (ROOT / "extras").glob("*.py")})
+    return found
+
+
+def problems(graph):
+    """What breaks the layering in graph (name -> {(imported, at module level)}): upward imports, then cycles."""
+    out = []
+    for name, found in graph.items():
+        for other, top in sorted(found):
+            if name in ALLOWED and other in ALLOWED and other not in ALLOWED[name]:
+                out.append(f"{name}.py imports {other}")
+            if name in ALLOWED and other.startswith("extras") and top:
+                out.append(f"{name}.py imports {other} at module level")
+    edges = {name: {other for other, top in found if top} for name, found in graph.items()}
+
+    def reaches(a, b, seen=()):  # is there a path of module-level imports from a to b?
+        return any(n == b or (n not in seen and reaches(n, b, seen + (n,))) for n in edges.get(a, ()))
+    return out + [f"an import cycle through {name}" for name in edges if reaches(name, name)]
+
+
+def test_the_root_holds_the_method_only():
+    assert {p.stem for p in ROOT.glob("*.py")} <= ALLOWED.keys()
 
 
 def test_imports_point_down():
-    graph = {name: project_imports(name) for name in ALLOWED if (ROOT / f"{name}.py").exists()}
-    for name, imports in graph.items():
-        assert imports <= ALLOWED[name], f"{name}.py imports {sorted(imports - ALLOWED[name])}"
+    graph = modules()
+    assert {"tokenizer", "extras.hf", "extras.hf_tokenizer"} <= graph.keys()
+    assert ("extras.hf_tokenizer", True) in graph["extras.hf"] and ("tokenizer", True) in graph["extras.hf_tokenizer"]
+    assert problems(graph) == []
 
-    def reaches(a, b, seen=()):  # is there a path of imports from a to b?
-        return any(n == b or (n not in seen and reaches(n, b, seen + (n,))) for n in graph.get(a, ()))
-    for name in graph:
-        assert not reaches(name, name), f"an import cycle through {name}.py"
+
+def test_the_check_sees_upward_imports_and_cycles():
+    graph = {"model": imports("import mars\n"), "mars": set(),
+             "engine": imports("import model\ndef f():\n    from extras import serve\n"),
+             "tokenizer": imports("from extras.hf import export\n"),
+             "extras.hf": imports("from . import serve\nimport model\n", "extras"),
+             "extras.serve": imports("import engine\nfrom extras.hf import x\n", "extras")}
+    assert graph["engine"] == {("model", True), ("extras.serve", False)}
+    assert problems(graph) == ["model.py imports mars", "tokenizer.py imports extras.hf at module level",
+                               "an import cycle through extras.hf", "an import cycle through extras.serve"]
