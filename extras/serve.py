@@ -249,8 +249,79 @@ def summarise(reqs, steps, start, end, slo, tok):
                 mean_tau=sum(r.tau_sum for r in reqs) / forwards, accuracy=sum(correct) / len(reqs))
 
 
-def get_args(argv=None, more=None):
-    """The flags; more(parser) adds a caller's own (server.py's)."""
+# ---------------------------------------------------------------------------
+# Over HTTP: the server (extras/server.py), and the trace sent to it by real clients
+
+def http_serve(args):
+    from extras.server import Server  # the HTTP stack loads only when asked for
+    model, tok, B, _ = load_mars(args.ckpt, args.device, args.dtype)
+    engine = Engine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens, n_vocab=tok.n_vocab,
+                    max_context=args.max_context)
+    policy = Adaptive(ladder=tuple(args.ladder)) if args.adaptive else Fixed(args.tau)
+    httpd = Server(engine, tok, policy, args, name=os.path.splitext(os.path.basename(os.path.normpath(args.ckpt)))[0])
+    how = f"adaptive tau {args.ladder}" if args.adaptive else f"tau {args.tau} unless a request says"
+    print(f"serving {args.ckpt} (B = {B}, {how}) on {httpd.url}/ ; Ctrl-C stops", flush=True)
+    httpd.serve_forever()
+
+
+def summarise_http(recs, start, end, slo):
+    """summarise's metrics, from what the clients saw."""
+    lat, ttft = [r.finish - r.arrival for r in recs], [r.first_token - r.arrival for r in recs]
+    tokens, forwards = sum(r.usage["completion_tokens"] for r in recs), sum(r.usage["forwards"] for r in recs)
+    pct = lambda xs, q: float(np.percentile(xs, q))
+    return dict(requests=len(recs), p50_latency=pct(lat, 50), p99_latency=pct(lat, 99), p50_ttft=pct(ttft, 50),
+                p99_ttft=pct(ttft, 99), tokens_per_second=tokens / (end - start),
+                goodput=sum(x <= slo for x in lat) / (end - start), tokens_per_forward=tokens / forwards,
+                mean_tau=sum(r.usage["tau"] * r.usage["forwards"] for r in recs) / forwards,
+                accuracy=sum(data.check(r.example, r.text) for r in recs) / len(recs))
+
+
+def http_load(args):
+    """The three-phase trace sent by one HTTP client per request, on the wall clock, at tau = 1.0 and adaptive.
+    The capacity that sets the rates is measured in-process, so the HTTP overhead makes the overload heavier."""
+    from extras.server import Server, drive  # the HTTP stack loads only when asked for
+    model, tok, B, ckpt = load_mars(args.ckpt, args.device, args.dtype)
+    test, calib = prompts_for_load(ckpt, tok, min(model.config.max_seq_len, args.max_context), args.max_batch,
+                                   args.data)
+    t0 = time.perf_counter()
+    cap, _, slo = calibrate(model, tok, calib, B, args, WallClock)
+    seconds = args.requests / (cap * sum(m for _, m in PHASES))
+    phases = [(name, m * cap, seconds) for name, m in PHASES]
+    trace = make_trace(test, phases, args.seed)
+    # the experiment measures queueing, not refusals: every request is let in
+    args.port, args.max_queue, args.max_connections = 0, len(trace) + 1, len(trace) + 64
+    runs, whole = [], []
+    for label, policy in {"tau=1.0": Fixed(1.0), "adaptive": Adaptive(ladder=tuple(args.ladder))}.items():
+        engine = Engine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens, n_vocab=tok.n_vocab,
+                        max_context=args.max_context)
+        httpd = Server(engine, tok, policy, args)
+        httpd.start()
+        t_run = time.perf_counter()
+        try:
+            recs = drive(httpd.url, trace, args.max_new_tokens)
+        finally:
+            httpd.stop()
+        runs += by_phase(label, recs, phases, lambda rs, a, b: summarise_http(rs, a, b, slo))
+        whole.append(runs.pop())
+        print(f"  http {label:9s} {len(trace):4d} requests in {time.perf_counter() - t_run:5.1f}s", file=sys.stderr,
+              flush=True)
+    result = {"clock": "wall, over HTTP", "p99_goal": 0.5, "max_batch": args.max_batch, "slo_seconds": slo,
+              "machine": machine(), "runs": runs, "whole_trace": whole, "ckpt": args.ckpt, "B": B, "ladder": args.ladder,
+              "capacity": {"tau=1.0": cap}, "phases": [{"phase": n, "rate": r, "seconds": s} for n, r, s in phases],
+              "seed": args.seed}
+    result["goals"] = goals(result)
+    os.makedirs(args.out_dir, exist_ok=True)
+    path = os.path.join(args.out_dir, "serve_http.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(markdown(result))
+    print(f"done in {time.perf_counter() - t0:.0f}s: {path}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------
+# The command line
+
+def get_args(argv=None):
     p = Parser(__doc__)
     p.add_argument("--ckpt", default="out/mars.pt", help="MARS checkpoint (default out/mars.pt)")
     p.add_argument("--out_dir", default="out", help="where serve.json and serve.png go (default out)")
@@ -274,8 +345,30 @@ def get_args(argv=None, more=None):
                    "context; the KV cache is sized by it (default 2048)")
     p.add_argument("--data", help="JSONL of {prompt, answer} for the load experiment (default: the checkpoint's "
                    "held-out prompts; needed for a model not trained here)")
-    if more:
-        more(p)
+    h = p.add_argument_group("over HTTP", "Limits: a request body over 1 MiB gets 413; the kernel queues up to 2048\n"
+                             "connections (the listen backlog) until the server accepts them; --max_queue,\n"
+                             "--max_connections and --timeout below.")
+    h.add_argument("--http", action="store_true", help="serve HTTP: the page at /, /v1/chat/completions, /v1/models")
+    h.add_argument("--http_load", action="store_true", help="the load trace sent over HTTP by real clients, wall "
+                   "clock: fixed tau = 1.0 and adaptive -> OUT_DIR/serve_http.json")
+    h.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    h.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    h.add_argument("--tau", type=threshold, default=0.9, help="tau of a request that does not give one (default 0.9)")
+    h.add_argument("--adaptive", action="store_true", help="the server picks tau from the backlog (--ladder) for "
+                   "every request that does not give its own")
+    h.add_argument("--max_queue", type=int, default=64, help="requests waiting beyond the running batch before the "
+                   "server answers 503 with Retry-After (default 64)")
+    h.add_argument("--max_connections", type=int, default=512, help="open connections at most, idle ones included "
+                   "(default 512): with that many open a request gets 503, and a new connection is closed at once; "
+                   "the open-files limit (ulimit -n) is raised to fit it, or the server does not start")
+    h.add_argument("--timeout", type=float, default=10.0, help="seconds a connection has to send each request whole, "
+                   "and may stay idle between requests, before it is closed (default 10)")
+    h.add_argument("--allow_host", action="append", default=[], help="a name this server also answers to in the Host "
+                   "header (repeatable; with --host 0.0.0.0, the names clients use), besides the --host address, "
+                   "localhost and 127.0.0.1; any other is refused, so that another site's page cannot reach the server "
+                   "by rebinding its name")
+    h.add_argument("--cors", metavar="ORIGIN", help="let the page of this one origin (e.g. http://localhost:3000) "
+                   "call the API from a browser (default: no CORS headers, so no other page can)")
     args = p.parse_args(argv)
     args.dtype = args.dtype and getattr(torch, args.dtype)
     for name in ("max_batch", "max_new_tokens", "max_context"):
@@ -287,6 +380,12 @@ def get_args(argv=None, more=None):
         p.error("--ladder needs at least two taus, strictly decreasing, e.g. 1.0 0.99 0.95 0.9")
     if min(args.sweep) <= 0 or (args.slo is not None and args.slo <= 0):
         p.error("--sweep rates and --slo must be positive")
+    if args.http and args.http_load:
+        p.error("--http serves, --http_load runs the experiment: give one")
+    if not 0 <= args.port <= 65535:
+        p.error(f"--port must be in 0..65535, got {args.port}")
+    if min(args.max_queue, args.max_connections) < 1 or not args.timeout > 0:
+        p.error("--max_queue and --max_connections must be at least 1, --timeout positive")
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return args
 
@@ -320,6 +419,8 @@ def prompts_for_load(ckpt, tok, max_seq, max_batch, data_path=None):
 
 def main(argv=None):
     args = get_args(argv)
+    if args.http or args.http_load:
+        return (http_serve if args.http else http_load)(args)
     model, tok, B, ckpt = load_mars(args.ckpt, args.device, args.dtype)
     test, calib = prompts_for_load(ckpt, tok, min(model.config.max_seq_len, args.max_context), args.max_batch,
                                    args.data)
@@ -380,6 +481,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    if {"--http", "--http_load"} & set(sys.argv):  # server.py sits above this module: it takes the command over
-        os.execv(sys.executable, [sys.executable, "-m", "extras.server", *sys.argv[1:]])
     run_cli(main)

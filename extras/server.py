@@ -1,76 +1,95 @@
-"""An OpenAI-compatible HTTP server on serve.py's continuous-batching engine, a page that
-shows each forward commit its tokens, and the load experiment sent by real HTTP clients.
+"""An OpenAI-compatible HTTP server on the continuous-batching engine (engine.py), its page, and the
+clients of the load experiment over HTTP: `python -m extras.serve --http` or `--http_load` (see --help).
 
-    python serve.py --http                    # http://127.0.0.1:8000/: the page; /v1/chat/completions, /v1/models
-    python serve.py --http --adaptive         # the server picks each request's tau from the backlog
-    python serve.py --http_load               # the load trace over HTTP, wall clock -> out/serve_http.json
-
-Threads: one engine thread owns the model and runs serve.Engine.step, the step the load
-experiment runs (no second engine, no copy of the step). The HTTP server gives every
-connection a thread; a handler only validates the body, puts a job in the engine's inbox
-(bounded: 503 when full) and reads the job's own queue of events, one per forward. A client
-that hangs up marks its job cancelled, and the engine drops its row before the next forward.
-MARS extensions of the request body: "tau" (0, 1] and "lossless" (true: AR's output, several
-tokens per forward, verified against the AR argmax). The usage adds "forwards",
-"tokens_per_forward" and "tau" (the mean over the job's forwards, what the policy chose).
+uvicorn speaks HTTP (h11) and Starlette routes. One engine thread owns the model and runs Engine.step
+as the load experiment does; a request waits on an asyncio queue that the thread feeds, one event per
+forward. The request schema (Chat) names any field we do not implement in a 400; errors keep OpenAI's
+shape. Another site's page cannot drive the server (HostCheck, read_json, CORS only with --cors).
+SIGINT or SIGTERM: no new requests; those in flight get GRACE seconds, then an error each; exit 0.
+Our extensions: "tau" and "lossless" in the body; "forwards", "tokens_per_forward" and "tau" (the mean)
+in the usage; "mars" (tokens, tau) in each streamed forward.
 """
+import asyncio
 import http.client
 import json
 import os
-import queue
-import select
+import resource
+import signal
 import socket
-import sys
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
+from typing import Literal
 from urllib.parse import urlsplit
 
 import numpy as np
+import uvicorn
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-import data
-import serve
-from eval import machine
-from cli import run_cli
-from sample import threshold
-from serve_report import goals, markdown
+from cli import UserError
+from engine import Request
 
-MAX_BODY = 1 << 20  # bytes of a request body
+MAX_BODY = 1 << 20  # bytes of a request body; a longer one is read no further than 16x that, then 413
+BACKLOG = 2048  # connections the kernel queues before they are accepted: a burst of clients is never reset
+GRACE = 3.0  # seconds the requests in flight get to finish at shutdown
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web", "index.html")
 
 
 class ApiError(Exception):
-    """An answer other than 200: status and a one-line JSON error, as OpenAI's API gives them."""
+    """An answer other than 200: a status and a one-line JSON error, as OpenAI's API gives them."""
 
-    def __init__(self, status, message, kind="invalid_request_error", param=None, code=None):
+    def __init__(self, status, message, kind="invalid_request_error", param=None, code=None, headers=None):
         super().__init__(message)
-        self.status, self.body = status, {"error": {"message": message, "type": kind, "param": param, "code": code}}
+        self.status, self.headers = status, headers or {}
+        self.body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-@dataclass
-class Job(serve.Request):
-    pinned: bool = False  # the client chose its tau: the policy leaves it alone
-    events: queue.Queue = field(default_factory=queue.Queue)  # ("chunk", ids, tau), ("done",), ("error", message)
+def error(e):
+    """The response of an ApiError. It closes the connection: the request's body may be left unread."""
+    headers = {**e.headers, "Connection": "close", **({"Retry-After": "1"} if e.status == 503 else {})}
+    return Response(json.dumps(e.body) + "\n", e.status, headers, media_type="application/json")
 
 
 # ---------------------------------------------------------------------------
 # The engine thread
 
-class EngineLoop(threading.Thread):
-    """Owns the engine: moves jobs from the inbox into it, sets the tau of the unpinned ones from the
-    policy, steps, and posts each job's new tokens to its queue. Nothing else touches the model."""
+@dataclass(eq=False)
+class Job(Request):
+    pinned: bool = False  # the client chose its tau: the policy leaves it alone
+    posted: int = 0  # tokens already posted to the client
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)  # the client's
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("chunk", ids, tau), ("done",), ("error", message)
+
+    def post(self, *event):  # from the engine thread: asyncio's queues are not thread-safe, call_soon_threadsafe is
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody waits for this job any more
+            pass
+
+
+class EngineThread(threading.Thread):
+    """Owns the engine: moves submitted jobs into it, sets the tau of the unpinned ones from the policy,
+    steps, and posts each job's new tokens. Nothing else touches the model."""
 
     def __init__(self, engine, policy, max_queue):
         super().__init__(name="engine", daemon=True)
         self.engine, self.policy, self.max_queue = engine, policy, max_queue
-        self.inbox, self.cond, self.stopping, self.steps = [], threading.Condition(), False, 0
+        self.inbox, self.cond, self.deadline = [], threading.Condition(), None
 
     def submit(self, job):
         with self.cond:
-            if self.stopping:
+            if self.deadline is not None:
                 raise ApiError(503, "the server is shutting down", "server_error")
             if len(self.inbox) + len(self.engine.waiting) >= self.max_queue:
                 raise ApiError(503, f"the server is overloaded: {self.max_queue} requests are waiting; retry later",
@@ -78,305 +97,357 @@ class EngineLoop(threading.Thread):
             self.inbox.append(job)
             self.cond.notify()
 
-    def stop(self):
+    def close(self, grace):
+        """No new jobs; those in flight get `grace` seconds to finish, then an error."""
         with self.cond:
-            self.stopping = True
+            self.deadline = time.monotonic() + grace
             self.cond.notify()
-        self.join(timeout=30)
 
     def run(self):
         engine = self.engine
         while True:
             with self.cond:
-                while not (self.inbox or engine.backlog or self.stopping):
+                while not (self.inbox or engine.backlog or self.deadline):
                     self.cond.wait()
-                if self.stopping:
-                    break
                 engine.waiting.extend(self.inbox)
                 self.inbox.clear()
+            if self.deadline and (not engine.backlog or time.monotonic() > self.deadline):
+                break
             tau = self.policy(engine.backlog / engine.max_batch)
             for job in list(engine.waiting) + engine.running:
-                if not job.pinned:
-                    job.tau = tau
+                job.tau = job.tau if job.pinned else tau
             try:
-                _, _, stepped, finished = engine.step(time.perf_counter())
-            except Exception as e:  # a bug must not hang every client: each gets a 500, the server goes on
+                stepped, finished, _ = engine.step()
+            except Exception as e:  # a bug must not hang every client: each gets an error, the server goes on
                 traceback.print_exc()
-                for job in list(engine.waiting) + engine.running:
-                    job.events.put(("error", f"the engine failed: {e}"))
-                engine.waiting.clear()
-                engine.evict([])
+                self.fail(f"the engine failed: {e}")
                 continue
-            self.steps += 1
             for job in stepped:
-                job.events.put(("chunk", job.chunks[-1], job.tau))
+                job.post("chunk", job.tokens[job.posted:], job.tau)
+                job.posted = len(job.tokens)
             for job in finished:
-                job.events.put(("done",))
-        for job in self.inbox + list(engine.waiting) + engine.running:
-            job.events.put(("error", "the server is shutting down"))
+                job.post("done")
+        self.fail("the server is shutting down")
+
+    def fail(self, message):
+        for job in list(self.engine.waiting) + self.engine.running:
+            job.cancelled = True  # the engine drops it before its next forward
+            job.post("error", message)
 
 
-# ---------------------------------------------------------------------------
-# Requests in, answers out
-
-def takes_conversation(tok):
-    """Whether tok.prompt_ids renders a whole conversation (a Hugging Face chat template) or one prompt (ours)."""
-    try:
-        tok.prompt_ids([{"role": "user", "content": "hi"}])
-        return True
-    except (TypeError, AttributeError):
-        return False
-
-
-def field_of(body, name, kinds, what, ok=lambda v: True, default=None):
-    """body[name] checked: of the JSON types `kinds` (a bool is not a number here) and ok(value); else a 400."""
-    v, kinds = body.get(name), kinds if isinstance(kinds, tuple) else (kinds,)
-    if v is None:
-        return default
-    if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds) or not ok(v):
-        raise ApiError(400, f"'{name}' must be {what}, got {json.dumps(v)[:80]}", param=name)
-    return v
-
-
-def parse(body, app):
-    """A job from a chat completion request body, or an ApiError (400) saying what is wrong."""
-    number = (int, float)
-    messages = field_of(body, "messages", list, "a list of {role, content} messages", lambda v: len(v) > 0)
-    if messages is None:
-        raise ApiError(400, "'messages' is required: a list with at least one user message", param="messages")
-    for m in messages:
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise ApiError(400, "each message must be an object with a string 'role' and 'content'", param="messages")
-    users = [m["content"] for m in messages if m["role"] == "user"]
-    if not users or not users[-1].strip():
-        raise ApiError(400, "the prompt is empty: 'messages' needs a user message with some content", param="messages")
-    max_tokens = field_of(body, "max_tokens", int, "an integer >= 1", lambda v: v >= 1,
-                          field_of(body, "max_completion_tokens", int, "an integer >= 1", lambda v: v >= 1))
-    tau = field_of(body, "tau", number, "a number in (0, 1]", lambda v: 0 < v <= 1)
-    temperature = field_of(body, "temperature", number, "a number in [0, 2]", lambda v: 0 <= v <= 2, 0)
-    if temperature > 0:
-        raise ApiError(400, "this server decodes greedily: 'temperature' must be 0 or left out", param="temperature")
-    field_of(body, "n", int, "1 (one choice per request)", lambda v: v == 1)
-    field_of(body, "model", str, "a string")
-    field_of(body, "stream_options", dict, "an object")
-    stream = field_of(body, "stream", bool, "true or false", default=False)
-    lossless = field_of(body, "lossless", bool, "true or false", default=False)
-    ids = app.tok.prompt_ids(messages if app.conversation else users[-1])
-    if len(ids) >= app.max_seq:
-        raise ApiError(400, f"the prompt is {len(ids)} tokens, and the model's context is {app.max_seq}",
-                       param="messages", code="context_length_exceeded")
-    job = Job(arrival=time.perf_counter(), prompt=ids, lossless=lossless, max_new_tokens=max_tokens,
-              pinned=tau is not None, tau=app.tau if tau is None else float(tau))
-    return job, stream
+async def events(job):
+    """(ids, tau) of each forward until the job is done; an ApiError if it fails."""
+    while (event := await job.events.get())[0] == "chunk":
+        yield event[1:]
+    if event[0] == "error":
+        raise ApiError(503, event[1], "server_error")
 
 
 def usage(job):
-    n, f = len(job.tokens), max(job.forwards, 1)
+    n, f = len(job.tokens), max(job.steps, 1)
     return {"prompt_tokens": len(job.prompt), "completion_tokens": n, "total_tokens": len(job.prompt) + n,
-            "forwards": job.forwards, "tokens_per_forward": n / f, "tau": job.tau_sum / f}
-
-
-class ClientGone(Exception):
-    pass
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects; streams are chunked
-    server_version = "mars-minimal"
-
-    def log_message(self, format, *args):  # quiet: a load test sends hundreds of requests
-        pass
-
-    def send(self, status, obj, content_type="application/json"):
-        raw = obj if isinstance(obj, bytes) else (json.dumps(obj) + "\n").encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(raw)))
-        if status == 503:
-            self.send_header("Retry-After", "1")
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def do_GET(self):
-        app, path = self.server, urlsplit(self.path).path
-        if path in ("/", "/index.html"):
-            self.send(200, app.page, "text/html; charset=utf-8")
-        elif path == "/v1/models":
-            self.send(200, {"object": "list", "data": [{"id": app.name, "object": "model", "created": app.started,
-                                                        "owned_by": "mars-minimal", "B": app.B}]})
-        else:
-            self.send(404, ApiError(404, f"no such endpoint: GET {path}").body)
-
-    def do_POST(self):
-        job = None
-        try:
-            if urlsplit(self.path).path != "/v1/chat/completions":
-                raise ApiError(404, f"no such endpoint: POST {self.path}")
-            job, stream = parse(self.read_body(), self.server)
-            self.server.loop.submit(job)
-            (self.stream if stream else self.complete)(job)
-        except ApiError as e:
-            self.close_connection = True  # the body may be left unread
-            self.send(e.status, e.body)
-        except (ClientGone, OSError):  # the client hung up: its row leaves before the next forward
-            self.close_connection = True
-            if job:
-                job.cancelled = True
-        except Exception as e:  # a bug of ours: logged here, one line of JSON there
-            traceback.print_exc()
-            self.close_connection = True
-            self.send(500, ApiError(500, f"internal error: {e}", "server_error").body)
-
-    def read_body(self):
-        try:
-            n = int(self.headers.get("Content-Length"))
-        except (TypeError, ValueError):
-            raise ApiError(411, "a JSON body with a Content-Length header is required") from None
-        if n > MAX_BODY:
-            left = min(n, 16 * MAX_BODY)  # read it away, so that the client hears the answer
-            while left > 0 and (chunk := self.rfile.read(min(left, 65536))):
-                left -= len(chunk)
-            raise ApiError(413, f"the body is {n} bytes, over the limit of {MAX_BODY}")
-        try:
-            body = json.loads(self.rfile.read(n))
-        except ValueError:  # UnicodeDecodeError included
-            raise ApiError(400, "the body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the body must be a JSON object")
-        return body
-
-    def events(self, job):
-        """The job's events until it is done; a hung-up client cancels it (checked every 50 ms)."""
-        checked = time.perf_counter()
-        while True:
-            try:
-                event = job.events.get(timeout=0.05)
-            except queue.Empty:
-                event = None
-            if time.perf_counter() - checked > 0.05 or event is None:
-                checked = time.perf_counter()
-                if self.client_gone():
-                    job.cancelled = True
-                    raise ClientGone
-            if event is None:
-                continue
-            if event[0] == "error":
-                raise ApiError(503, event[1], "server_error")
-            if event[0] == "done":
-                return
-            yield event
-
-    def client_gone(self):
-        readable, _, _ = select.select([self.connection], [], [], 0)
-        try:
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
-            return True
-
-    def head(self, job):
-        return {"id": f"chatcmpl-{id(job):x}", "created": int(time.time()), "model": self.server.name}
-
-    def text(self, job):
-        return self.server.tok.decode([t for t in job.tokens if t != self.server.tok.eot])
-
-    def finish_reason(self, job):
-        return "stop" if job.tokens[-1:] == [self.server.tok.eot] else "length"
-
-    def complete(self, job):
-        for _ in self.events(job):
-            pass
-        self.send(200, {**self.head(job), "object": "chat.completion", "usage": usage(job), "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": self.text(job)},
-             "finish_reason": self.finish_reason(job)}]})
-
-    def stream(self, job):
-        """Server-sent events: one per forward that committed tokens, then the finish with the usage, then [DONE]."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        head, sent, seen, tok = {**self.head(job), "object": "chat.completion.chunk"}, "", [], self.server.tok
-        try:
-            for k, (_, ids, tau) in enumerate(self.events(job)):  # the engine may be ahead: read its events only
-                seen += ids
-                text = tok.decode([t for t in seen if t != tok.eot])
-                if seen[-1:] != [tok.eot]:
-                    text = text.rstrip("\ufffd")  # a character cut between two forwards waits for its end
-                delta = {"content": text[len(sent):], **({"role": "assistant"} if k == 0 else {})}
-                sent = text
-                self.event({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
-                            "mars": {"forward": k + 1, "tokens": len(ids), "tau": tau}})
-            self.event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": self.finish_reason(job)}],
-                        "usage": usage(job)})
-        except ApiError as e:  # headers are gone: the error becomes the last event, as OpenAI's streams do
-            self.event(e.body)
-        self.event("[DONE]")
-        self.write_chunk(b"")
-
-    def event(self, obj):
-        self.write_chunk(f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode())
-
-    def write_chunk(self, raw):
-        try:
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
-            self.wfile.flush()
-        except OSError:
-            self.close_connection = True
-            raise ClientGone from None
-
-
-class Server(ThreadingHTTPServer):
-    """The HTTP server and its engine thread. serve_forever() in one thread; stop() ends both."""
-    daemon_threads = True
-
-    def __init__(self, address, engine, tok, policy, tau=0.9, max_queue=64, name="mars"):
-        super().__init__(address, Handler)
-        self.tok, self.tau, self.name, self.B, self.max_seq = tok, tau, name, engine.B, engine.max_seq
-        self.conversation, self.started = takes_conversation(tok), int(time.time())
-        with open(PAGE, "rb") as f:
-            self.page = f.read()
-        self.loop = EngineLoop(engine, policy, max_queue)
-        self.loop.start()
-
-    @property
-    def url(self):
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def stop(self):
-        self.shutdown()
-        self.loop.stop()
-        self.server_close()
-
-
-def build(args, model, tok, B, name, port=None, policy=None):
-    engine = serve.Engine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens, tok.n_vocab,
-                          args.max_context)
-    policy = policy or (serve.Adaptive(ladder=tuple(args.ladder)) if args.adaptive else serve.Fixed(args.tau))
-    return Server((args.host, args.port if port is None else port), engine, tok, policy, args.tau, args.max_queue, name)
-
-
-def run_server(args):
-    model, tok, B, _ = serve.load_mars(args.ckpt, args.device, args.dtype)
-    name = os.path.splitext(os.path.basename(os.path.normpath(args.ckpt)))[0]
-    try:
-        httpd = build(args, model, tok, B, name)
-    except OSError as e:
-        raise serve.UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
-    how = f"adaptive tau {args.ladder}" if args.adaptive else f"tau {args.tau} unless a request says"
-    print(f"serving {args.ckpt} (B = {B}, {how}) on {httpd.url}/ ; Ctrl-C stops", flush=True)
-    try:
-        httpd.serve_forever()
-    except KeyboardInterrupt:
-        print("stopping", file=sys.stderr)
-    finally:
-        httpd.loop.stop()
-        httpd.server_close()
+            "forwards": job.steps, "tokens_per_forward": round(n / f, 6), "tau": round(job.tau_sum / f, 6)}
 
 
 # ---------------------------------------------------------------------------
-# The load experiment through HTTP: the same trace, real clients, the wall clock
+# The request schema
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: "1" is not a number, true is not 1
+
+
+class Message(Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Chat(Strict):
+    """POST /v1/chat/completions. OpenAI's fields that this server honours, three OpenAI knobs at the only
+    value greedy decoding has, and our extensions. Any other field is a 400 naming it; null means left out."""
+    messages: list[Message] = Field(min_length=1)
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stream: bool = False
+    stream_options: dict | None = None  # {"include_usage": true}: the finish event carries the usage anyway
+    temperature: Literal[0] | None = Field(None, description="this server decodes greedily")
+    top_p: Literal[1] | None = Field(None, description="this server decodes greedily")
+    n: Literal[1] | None = Field(None, description="one answer per request")
+    tau: float | None = Field(None, gt=0, le=1, description="the MARS threshold: a number in (0, 1]")
+    lossless: bool = False
+
+    @field_validator("tau")
+    @classmethod
+    def representable(cls, tau):
+        if np.float32(tau) == 0:  # decoding compares in float32: 0 there would accept every prediction
+            raise ValueError("tau rounds to 0 in float32")
+        return tau
+
+
+def parse(body):
+    """A Chat from the JSON body, or an ApiError (400) naming the field that is wrong."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    try:
+        return Chat.model_validate({k: v for k, v in body.items() if v is not None})
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = ".".join(map(str, err["loc"]))
+        if err["type"] == "extra_forbidden":
+            raise ApiError(400, f"'{param}' is not supported by this server", param=param) from None
+        why = Chat.model_fields[err["loc"][0]].description
+        say = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]  # a validator's own words
+        raise ApiError(400, f"'{param}': {say}" + (f" ({why})" if why else ""), param=param) from None
+
+
+async def read_json(request):
+    """The body as JSON: counted as it arrives (a Content-Length may lie), MAX_BODY at most, else 413."""
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind != "application/json":  # a form or text/plain post from another site's page
+        raise ApiError(415, f"the body must be JSON, sent with Content-Type: application/json (got {kind!r})")
+    body, size = bytearray(), 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= MAX_BODY:
+                body += chunk
+            elif size > 16 * MAX_BODY:  # not worth reading away to be heard
+                break
+    except ClientDisconnect:
+        raise ApiError(400, "the body is incomplete: the client closed the connection") from None
+    if size > MAX_BODY:
+        raise ApiError(413, f"the body is over the limit of {MAX_BODY} bytes")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
+        raise ApiError(400, "the body is not valid JSON (or nested too deeply)") from None
+
+
+# ---------------------------------------------------------------------------
+# The endpoints
+
+class Api:
+    def __init__(self, worker, tok, tau, name):
+        self.worker, self.tok, self.tau, self.name = worker, tok, tau, name
+        self.started = int(time.time())
+        with open(PAGE, "rb") as f:
+            self.html = f.read()
+
+    def app(self, hosts, cors=None):
+        cors = [Middleware(CORSMiddleware, allow_origins=[cors], allow_methods=["GET", "POST"],
+                           allow_headers=["Content-Type", "Authorization"])] if cors else []
+        return Starlette(routes=[Route("/", self.page), Route("/v1/models", self.models),
+                                 Route("/v1/chat/completions", self.chat, methods=["POST"])],
+                         middleware=[Middleware(HostCheck, hosts=hosts), *cors],
+                         exception_handlers={ApiError: lambda _, e: error(e), HTTPException: http_error, Exception:
+                                             lambda *_: error(ApiError(500, "internal error", "server_error"))})
+
+    async def page(self, request):
+        return HTMLResponse(self.html)
+
+    async def models(self, request):
+        return JSONResponse({"object": "list", "data": [{"id": self.name, "object": "model", "created": self.started,
+                                                         "owned_by": "mars-minimal", "B": self.worker.engine.B}]})
+
+    async def chat(self, request):
+        chat = parse(await read_json(request))
+        job = Job(await self.prompt(chat.messages), lossless=chat.lossless, pinned=chat.tau is not None,
+                  max_new_tokens=chat.max_tokens or chat.max_completion_tokens, tau=chat.tau or self.tau)
+        self.worker.submit(job)
+        head = {"id": f"chatcmpl-{id(job):x}", "created": int(time.time()), "model": self.name}
+        if chat.stream:
+            return StreamingResponse(self.stream(job, head), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        async for _ in events(job):
+            pass
+        return JSONResponse({**head, "object": "chat.completion", "usage": usage(job), "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": self.text(job.tokens)},
+             "finish_reason": self.finish_reason(job)}]})
+
+    async def prompt(self, messages):
+        """The prompt's ids: the whole conversation in the model's chat format, which decides what it
+        accepts (a Hugging Face template renders system turns; the toy's format has none: a 400)."""
+        messages = [m.model_dump() for m in messages]
+        if messages[-1]["role"] != "user":
+            raise ApiError(400, "the conversation must end with a user message, which the answer follows",
+                           param="messages")
+        if not messages[-1]["content"].strip():
+            raise ApiError(400, "the prompt is empty: the last user message has no content", param="messages")
+        try:  # in a thread: a long prompt must not stall the other clients
+            ids = await asyncio.to_thread(self.tok.prompt_ids, messages)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # ValueError, or a Rust tokenizer's panic (pyo3's PanicException)
+            raise ApiError(400, f"no prompt can be made of these messages: {e}", param="messages") from None
+        if len(ids) >= self.worker.engine.max_seq:
+            raise ApiError(400, f"the prompt is {len(ids)} tokens, and the model's context is "
+                           f"{self.worker.engine.max_seq}", param="messages", code="context_length_exceeded")
+        return ids
+
+    def text(self, ids):
+        return self.tok.decode([t for t in ids if t != self.tok.eot])
+
+    def finish_reason(self, job):
+        return "stop" if job.tokens[-1:] == [self.tok.eot] else "length"
+
+    async def stream(self, job, head):
+        """Server-sent events: one per forward (what it committed), then the finish with the usage, then [DONE]."""
+        head, sent, seen, k = {**head, "object": "chat.completion.chunk"}, "", [], 0
+        try:
+            async for ids, tau in events(job):
+                seen += ids
+                text = self.text(seen)
+                if seen[-1:] != [self.tok.eot]:
+                    text = text.rstrip("\ufffd")  # a character cut between two forwards waits for its end
+                delta = {"content": text[len(sent):], **({"role": "assistant"} if k == 0 else {})}
+                sent, k = text, k + 1
+                yield sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+                           "mars": {"forward": k, "tokens": len(ids), "tau": tau}})
+            yield sse({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": self.finish_reason(job)}],
+                       "usage": usage(job)})
+        except ApiError as e:  # the status is sent: the error is the last event, as in OpenAI's streams
+            yield sse(e.body)
+        finally:  # also when the client has gone (the task is cancelled): its row leaves; a done job has left
+            job.cancelled = True
+        yield "data: [DONE]\n\n"
+
+
+def sse(obj):
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def http_error(request, e):
+    """Starlette's 404 and 405, in OpenAI's shape."""
+    message = {404: f"no such endpoint: {request.method} {request.url.path}",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, e.detail)
+    return error(ApiError(e.status_code, message, headers=e.headers))
+
+
+class HostCheck:
+    """Refuse a Host header that names another server: a page elsewhere whose name is rebound to this
+    address (DNS rebinding) cannot read the answers. A request with no Host (HTTP/1.0) is not a browser's."""
+
+    def __init__(self, app, hosts):
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope, receive, send):
+        host = Headers(scope=scope).get("host") if scope["type"] == "http" else None
+        try:
+            ours = host is None or urlsplit("//" + host).hostname in self.hosts
+        except ValueError:  # e.g. an unclosed "["
+            ours = False
+        if not ours:
+            e = ApiError(400, f"the Host header {host!r} names another server; run with --allow_host NAME to accept "
+                         "it", param="Host", code="invalid_host")
+            return await error(e)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+# ---------------------------------------------------------------------------
+# The server
+
+class Protocol(H11Protocol):
+    """uvicorn's h11 connection, with three rules it lacks:
+    - a connection beyond --max_connections is closed at once (uvicorn's 503 there comes only with a request:
+      idle connections would pile up to the open-files limit, where asyncio spins, CPython issue 151615);
+    - a request must arrive whole within --timeout of the connection opening or of the last answer;
+    - a client that half-closes after sending its request still gets the answer. So a non-streaming client
+      that hangs up is seen only when its answer is written; a streaming one, at the next forward."""
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self.deadline = None
+        if len(self.connections) > self.limit_concurrency:
+            transport.close()
+        else:
+            self.arm()
+
+    def on_response_complete(self):
+        super().on_response_complete()
+        self.arm()
+
+    def arm(self):
+        if self.deadline:
+            self.deadline.cancel()
+        self.deadline = self.loop.call_later(self.timeout_keep_alive, self.expire)
+
+    def expire(self):
+        c = self.cycle
+        if c is None or c.more_body or c.response_complete:  # still waiting for (the rest of) a request
+            self.transport.close()
+
+    def connection_lost(self, exc):
+        if self.deadline:
+            self.deadline.cancel()
+        super().connection_lost(exc)
+
+    def eof_received(self):
+        c = self.cycle
+        if c is not None and not c.more_body and not c.response_complete:
+            c.keep_alive = False  # answer, then close
+            return True  # keep the transport open for writing
+        return None
+
+
+def open_files(n):
+    """Raise the soft limit of open files to n if need be, or say that the hard limit is below it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < n:
+        if hard != resource.RLIM_INFINITY and hard < n:
+            raise UserError(f"--max_connections needs {n} open files, and this process may open {hard} (ulimit -n)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
+
+
+class Server(uvicorn.Server):
+    """uvicorn with the engine thread, on a socket bound here (a bad --host or --port is one line).
+    serve_forever() until SIGINT or SIGTERM; or start() and stop() from another thread."""
+
+    def __init__(self, engine, tok, policy, args, name="mars"):
+        open_files(args.max_connections + 64)  # each connection holds one; the model and threads a few
+        try:
+            self.sock = socket.create_server((args.host, args.port), backlog=BACKLOG,
+                                             family=socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+        except (OSError, OverflowError) as e:
+            raise UserError(f"cannot listen on {args.host}:{args.port}: {getattr(e, 'strerror', None) or e}") from None
+        host, port = self.sock.getsockname()[:2]
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        self.worker = EngineThread(engine, policy, args.max_queue)
+        hosts = {host, "localhost", "127.0.0.1", "::1", *(h.lower() for h in args.allow_host)}
+        app = Api(self.worker, tok, args.tau, name).app(hosts, args.cors)
+        super().__init__(uvicorn.Config(app, http=Protocol, ws="none", lifespan="off", log_config=None,
+                                        log_level="error", access_log=False, proxy_headers=False, backlog=BACKLOG,
+                                        limit_concurrency=args.max_connections, timeout_keep_alive=args.timeout,
+                                        timeout_graceful_shutdown=GRACE + 2))
+        self.worker.start()
+
+    async def shutdown(self, sockets=None):
+        self.worker.close(GRACE)
+        await super().shutdown(sockets)
+
+    def serve_forever(self):
+        """Until SIGINT or SIGTERM, which uvicorn raises again once stopped: to handlers that ignore it, so exit 0."""
+        ignore = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.run(sockets=[self.sock])
+        finally:
+            for s, handler in ignore.items():
+                signal.signal(s, handler)
+        self.worker.join(GRACE)
+
+    def start(self):
+        self.thread = threading.Thread(target=self.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        while not self.started and self.thread.is_alive():
+            time.sleep(0.01)
+
+    def stop(self):
+        self.should_exit = True
+        self.thread.join()
+        self.worker.join(GRACE)
+
+
+# ---------------------------------------------------------------------------
+# The clients of the load experiment over HTTP (serve.py --http_load)
 
 def send(url, rec, max_tokens, t0):
     """One client: a streamed chat completion; fills rec with its times (s since t0), text and usage."""
@@ -417,79 +488,5 @@ def drive(url, trace, max_tokens):
         t.join()
     failed = [r for r in recs if r.error or r.usage is None]
     if failed:
-        raise serve.UserError(f"{len(failed)} of {len(recs)} HTTP requests failed, e.g.: {failed[0].error}")
+        raise UserError(f"{len(failed)} of {len(recs)} HTTP requests failed, e.g.: {failed[0].error}")
     return recs
-
-
-def summarise_http(recs, start, end, slo):
-    """serve.summarise's metrics, from what the clients saw."""
-    lat, ttft = [r.finish - r.arrival for r in recs], [r.first_token - r.arrival for r in recs]
-    tokens, forwards = sum(r.usage["completion_tokens"] for r in recs), sum(r.usage["forwards"] for r in recs)
-    pct = lambda xs, q: float(np.percentile(xs, q))
-    return dict(requests=len(recs), p50_latency=pct(lat, 50), p99_latency=pct(lat, 99), p50_ttft=pct(ttft, 50),
-                p99_ttft=pct(ttft, 99), tokens_per_second=tokens / (end - start),
-                goodput=sum(x <= slo for x in lat) / (end - start), tokens_per_forward=tokens / forwards,
-                mean_tau=sum(r.usage["tau"] * r.usage["forwards"] for r in recs) / forwards,
-                accuracy=sum(data.check(r.example, r.text) for r in recs) / len(recs))
-
-
-def http_load(args):
-    model, tok, B, ckpt = serve.load_mars(args.ckpt, args.device, args.dtype)
-    test, calib = serve.prompts_for_load(ckpt, tok, min(model.config.max_seq_len, args.max_context), args.max_batch,
-                                         args.data)
-    t0 = time.perf_counter()
-    cap, _, slo = serve.calibrate(model, tok, calib, B, args, serve.WallClock)  # in-process, on the wall clock
-    seconds = args.requests / (cap * sum(m for _, m in serve.PHASES))
-    phases = [(name, m * cap, seconds) for name, m in serve.PHASES]
-    trace = serve.make_trace(test, phases, args.seed)
-    runs, whole = [], []
-    for label, policy in {"tau=1.0": serve.Fixed(1.0), "adaptive": serve.Adaptive(ladder=tuple(args.ladder))}.items():
-        httpd = build(args, model, tok, B, "mars", port=0, policy=policy)
-        httpd.loop.max_queue = len(trace) + 1  # the experiment measures queueing, not refusals
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        t_run = time.perf_counter()
-        try:
-            recs = drive(httpd.url, trace, args.max_new_tokens)
-        finally:
-            httpd.stop()
-        runs += serve.by_phase(label, recs, phases, lambda rs, a, b: summarise_http(rs, a, b, slo))
-        whole.append(runs.pop())
-        print(f"  http {label:9s} {len(trace):4d} requests in {time.perf_counter() - t_run:5.1f}s", file=sys.stderr, flush=True)
-    result = {"clock": "wall, over HTTP", "max_batch": args.max_batch, "slo_seconds": slo, "machine": machine(),
-              "runs": runs, "whole_trace": whole, "ckpt": args.ckpt, "B": B, "ladder": args.ladder,
-              "capacity": {"tau=1.0": cap}, "phases": [{"phase": n, "rate": r, "seconds": s} for n, r, s in phases],
-              "seed": args.seed}
-    result["goals"] = goals(result)
-    os.makedirs(args.out_dir, exist_ok=True)
-    path = os.path.join(args.out_dir, "serve_http.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    print(markdown(result))
-    print(f"done in {time.perf_counter() - t0:.0f}s: {path}", file=sys.stderr)
-
-
-def flags(p):
-    def positive(text):
-        n = int(text)
-        if n < 1:
-            raise ValueError(text)
-        return n
-    p.add_argument("--http", action="store_true", help="serve HTTP: the page at /, /v1/chat/completions, /v1/models")
-    p.add_argument("--http_load", action="store_true", help="the load trace sent over HTTP by real clients, wall clock: "
-                   "fixed tau = 1.0 and adaptive -> OUT_DIR/serve_http.json")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
-    p.add_argument("--tau", type=threshold, default=0.9, help="tau of a request that does not give one (default 0.9)")
-    p.add_argument("--adaptive", action="store_true", help="the server picks tau from the backlog (--ladder) for "
-                   "every request that does not give its own")
-    p.add_argument("--max_queue", type=positive, default=64, help="requests waiting beyond the running batch before "
-                   "the server answers 503 (default 64)")
-
-
-def main(argv=None):
-    args = serve.get_args(argv, more=flags)
-    (http_load if args.http_load else run_server)(args)
-
-
-if __name__ == "__main__":
-    run_cli(main)
