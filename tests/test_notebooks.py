@@ -5,8 +5,9 @@ Each runs in notebooks/ (cwd), must raise nowhere and render at least one pictur
 The notebooks are committed executed, with their outputs, so that a reader on
 GitHub sees the figures; the test fails if a committed notebook has no outputs,
 or if its code or the kinds of output of its cells differ from the fresh run
-(stale outputs of edited code). Notebook 03 reuses the checkpoint that notebook
-02 trains (out/nb_tiny), so running them in order is the fast path.
+(stale outputs of edited code). Notebooks 03 and 04 take out/mars.pt when it
+exists, else the checkpoint notebook 02 trains (out/nb_tiny; without it they
+train the same), so running them in order is the fast path.
 
 Re-execute the notebooks in place, with outputs (after changing one, or after a retrain):
 
@@ -36,7 +37,7 @@ def execute(path):
     env = os.environ.get("MPLBACKEND")
     os.environ["MPLBACKEND"] = INLINE  # the kernel inherits this environment
     try:
-        client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3", record_timing=False,
+        client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", record_timing=False,
                                          resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
         client.execute()  # raises CellExecutionError, with the cell and its traceback, if any cell fails
     finally:
