@@ -322,7 +322,7 @@ def read_jsonl(path, need_response=False):
                                  '"response": ...}, {"messages": [...]} or {"prompt": ..., "answer": ...}') from None
             if need_response and "response" not in e:
                 raise ValueError(f"{path}:{lineno}: no response to train on (a file of {{prompt, answer}} is for "
-                                 "python eval.py --data)")
+                                 "python -m extras.eval --data)")
             examples.append(e)
     return examples
 
@@ -339,6 +339,13 @@ def load_jsonl(path):
     return splits
 
 
+def plain_text(example):
+    """An example as plain text (a conversation's turns one per line, then the response), for the toy's
+    tokenizer to train on."""
+    p = example["prompt"]
+    return (p if isinstance(p, str) else "\n".join(m["content"] for m in p)) + "\n" + example["response"]
+
+
 def load_splits(data_path, seed, n_train):
     return load_jsonl(data_path) if data_path else build_instruction_set(seed, n_train)
 
@@ -352,6 +359,26 @@ def tokenize(examples, tok, max_seq_len, multiple=1):
     them to a multiple of `multiple`; the rest are dropped."""
     out = [tok.example_ids(e["prompt"], e["response"]) for e in examples]
     return [(ids, n) for ids, n in out if len(ids) + (-len(ids) % multiple) - 1 <= max_seq_len]
+
+
+def length_buckets(rows, n_buckets, multiple=1, min_rows=1):
+    """Row indices sorted by padded length and cut into n_buckets of equal size (fewer when a bucket
+    would hold under min_rows): a batch drawn from one bucket carries little padding."""
+    n_buckets = max(1, min(n_buckets, len(rows) // max(1, min_rows)))
+    if n_buckets == 1:  # one bucket, in row order: the plain uniform draws
+        return [list(range(len(rows)))]
+    order = sorted(range(len(rows)), key=lambda i: -(-len(rows[i][0]) // multiple))
+    return [order[k * len(order) // n_buckets:(k + 1) * len(order) // n_buckets] for k in range(n_buckets)]
+
+
+def draw_batch(buckets, batch_size, generator):
+    """batch_size row indices, drawn with replacement from one bucket chosen in proportion to its size,
+    so every row is as likely as in uniform draws over all rows."""
+    bucket = buckets[0]
+    if len(buckets) > 1:
+        sizes = torch.tensor([len(b) for b in buckets], dtype=torch.float)
+        bucket = buckets[int(torch.multinomial(sizes, 1, generator=generator))]
+    return [bucket[i] for i in torch.randint(len(bucket), (batch_size,), generator=generator).tolist()]
 
 
 def make_batch(rows, pad_id, multiple=1):

@@ -6,6 +6,7 @@ al., arXiv 2604.07023. Conventions: the hidden state at position q predicts
 token q+1 for real tokens and masks alike ("right-shifted logits"); B is the
 MARS block size; tau the acceptance threshold; ar_weight the paper's alpha.
 """
+import functools
 import math
 
 import torch
@@ -55,30 +56,41 @@ def per_sequence_mean(ce, where):
     return per_token.sum(1) / where.sum(1).clamp_min(1)
 
 
+@functools.lru_cache(maxsize=256)
+def training_mask(T, B, offset, start, device):
+    """mars_attention_mask(T, B, offset) without the noisy rows and columns before `start`, on device:
+    built once per shape, not at every step."""
+    keep = torch.cat([torch.arange(start, T), torch.arange(T, 2 * T)])
+    return mars_attention_mask(T, B, offset)[keep][:, keep].to(device)
+
+
 def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, offset=0, noisy_weight=None):
     """Returns (loss, noisy_loss, clean_loss) for inputs x and targets y (b, T).
 
-    One forward over [noisy | clean] (length 2T) with shared positions 0..T-1.
-    The loss is, per sequence, the mean over its response tokens of
-    CE(noisy) + ar_weight * CE(clean), then the mean over sequences: a short
-    answer weighs as much as a long one (the official trainer's "sequence"
-    normalisation). Logits are computed only where there is a target (the 2T
-    sequence would otherwise double the largest tensor of the step).
+    One forward over [noisy | clean] with shared positions. The loss is, per
+    sequence, the mean over its response tokens of CE(noisy) + ar_weight *
+    CE(clean), then the mean over sequences: a short answer weighs as much as a
+    long one (the official trainer's "sequence" normalisation). Logits are
+    computed only where there is a target. The noisy stream starts at the block
+    of the batch's first target: earlier noisy positions (prompt only) feed no
+    loss and no other position, so leaving them out changes nothing but the cost.
 
     noisy_weight (b,), optional: a weight per sequence on the noisy loss. The
     paper's "w/o SFT loss" ablation uses ar_weight = 0 with the weights of
     `no_sft_weights`."""
     b, T = x.shape
-    ids = torch.cat([noisy_copy(x, y, mask_id), x], dim=1)
-    pos = torch.arange(T, device=x.device).repeat(2)
-    attn_mask = mars_attention_mask(T, B, offset).to(x.device)
-    targets = torch.cat([y, y], dim=1)
+    first = int((y != -1).int().argmax(1).min())
+    start = max(0, (first + offset) // B * B - offset)
+    ids = torch.cat([noisy_copy(x, y, mask_id)[:, start:], x], dim=1)
+    pos = torch.cat([torch.arange(start, T), torch.arange(T)]).to(x.device)
+    targets = torch.cat([y[:, start:], y], dim=1)
     where = targets != -1
-    logits = model(ids, positions=pos, attn_mask=attn_mask, logits_at=where)
+    logits = model(ids, positions=pos, attn_mask=training_mask(T, B, offset, start, x.device), logits_at=where)
     ce = F.cross_entropy(logits.float(), targets[where], reduction="none")
-    is_noisy = torch.arange(2 * T, device=x.device).expand(b, -1)[where] < T
-    noisy = per_sequence_mean(ce[is_noisy], where[:, :T])
-    clean = per_sequence_mean(ce[~is_noisy], where[:, T:])
+    n = T - start  # noisy positions
+    is_noisy = torch.arange(n + T, device=x.device).expand(b, -1)[where] < n
+    noisy = per_sequence_mean(ce[is_noisy], where[:, :n])
+    clean = per_sequence_mean(ce[~is_noisy], where[:, n:])
     weight = 1.0 if noisy_weight is None else noisy_weight
     return (weight * noisy + ar_weight * clean).mean(), noisy.mean(), clean.mean()
 

@@ -1,6 +1,6 @@
 """Train stage 1 (AR SFT) and stage 2 (MARS) on the instruction set.
 
-    python train.py                       # both stages with the default preset
+    python train.py                       # both stages with the default preset, then a held-out summary
     python train.py --preset tiny         # seconds, for tests
     python train.py --stage mars --init_from out/ar.pt
     python train.py --stage control       # the control: stage 2 without its noisy stream
@@ -8,8 +8,7 @@
     torchrun --standalone --nproc_per_node=2 train.py --preset tiny   # data parallel
 
 Writes <out_dir>/ar.pt and mars.pt (control.pt with --stage control; self-contained: weights, model config,
-tokenizer, training config, optimizer state for --resume), a JSON log and a
-loss plot per stage, and a short held-out evaluation (summary.json).
+tokenizer, training config, optimizer state for --resume), a JSON log and a loss plot per stage, summary.json.
 """
 import json
 import math
@@ -17,7 +16,6 @@ import os
 import signal
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import asdict
 
 import torch
@@ -25,13 +23,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import data
-import tokenizer
 import mars
-from model import GPT, GPTConfig
+import tokenizer
 from cli import Parser, UserError, check_device, run_cli
+from engine import generate_batch
+from model import GPT, GPTConfig
 from sample import load_checkpoint, model_from_checkpoint
 
-# One source of truth for every number: flags override single entries.
+# One source of truth for every number: flags override single entries. A real model's recipe: extras/hf_train.py.
 TOY = dict(warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, max_seq_len=64, vocab_size=512, n_train=4000, summary_limit=40,
@@ -42,87 +41,74 @@ PRESETS = {
     "gpu": dict(n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000, summary_limit=None,
                 batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3, eval_every=500, save_every=500,
                 **TOY),
-    # The paper's recipe for a real instruct model (the default when --init_from is a Hugging Face directory;
-    # the model's shape comes from its config.json): lr 5e-6 in both stages, linear warmup 3% then cosine to
-    # zero, AdamW with weight decay 0 and transformers' default betas (0.9, 0.999), rows of at most 512
-    # tokens, bf16, 5 epochs per stage (the iterations follow from the data), effective batch 384 (the
-    # authors': 48 per GPU x 8 GPUs; here 4 per forward, the rest accumulated: 96 forwards per step on one GPU).
-    "hf": dict(max_seq_len=512, batch_size=384, micro_batch=4, epochs=5, lr=5e-6, mars_lr=5e-6, warmup=0.03,
-               weight_decay=0.0, betas=[0.9, 0.999], dtype="bfloat16", eval_every=500, save_every=500,
-               summary_limit=200),
 }
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
+STEP_COST = {"ar": 1.0, "control": 1.0, "mars": 1.9}  # time of a step against stage 1's (docs/profile_cpu.json)
+OVERRIDES = [("n_layer", int, "layers"), ("n_head", int, "attention heads"), ("n_embd", int, "model width"),
+             ("max_seq_len", int, "context in tokens; longer examples are dropped"),
+             ("vocab_size", int, "tokenizer vocabulary (at most)"), ("n_train", int, "built-in training examples"),
+             ("batch_size", int, "global batch in sequences, whatever the number of processes"),
+             ("micro_batch", int, "sequences per forward per process (default batch_size / processes)"),
+             ("ar_iters", int, "steps of stage 1"), ("mars_iters", int, "steps of stage 2 and the control"),
+             ("lr", float, "peak learning rate of stage 1 (linear warmup, then cosine to zero)"),
+             ("mars_lr", float, "peak learning rate of stage 2 and the control"),
+             ("warmup", float, "warmup, a fraction of the stage's steps"), ("weight_decay", float, "on matrices"),
+             ("eval_every", int, "steps between validation losses"), ("save_every", int, "steps between checkpoints"),
+             ("summary_limit", int, "validation and test prompts decoded at the end (default all)")]
 
 
 def get_args(argv=None):
     p = Parser(__doc__)
-    p.add_argument("--preset", choices=PRESETS, help="size of model and run: tiny (seconds), cpu (laptop; 46 "
-                                                      "minutes on two cores), gpu (one GPU), hf (the paper's recipe "
-                                                      "for a real model); default hf when --init_from is a Hugging Face "
-                                                      "directory (or was trained from one), else gpu with CUDA, "
-                                                      "else cpu")
-    p.add_argument("--stage", choices=["ar", "mars", "all", "control"], default="all",
-                   help="ar: stage 1 (AR SFT); mars: stage 2 from --init_from; all: both (default); control: "
-                        "stage 2 without its noisy stream: --init_from trained on the clean (AR) term alone, "
-                        "same per-sequence mean, padding, batches and schedule (control.pt)")
-    p.add_argument("--init_from", help="stage-1 checkpoint for stage 2 or the control (default <out_dir>/ar.pt); "
-                                       "or a Hugging Face model directory (Qwen2, Llama), where every stage starts "
-                                       "(--stage all: AR SFT on it, then MARS)")
+    p.add_argument("--preset", choices=[*PRESETS, "hf"], help="tiny (seconds), cpu, gpu, or hf (the paper's recipe "
+                   "for a real model, the default when --init_from is one or was trained from one)")
+    p.add_argument("--stage", choices=["ar", "mars", "all", "control"], default="all", help="ar: stage 1 (AR SFT); "
+                   "mars: stage 2; all: both, then the summary (default); control: stage 2 without its noisy stream")
+    p.add_argument("--init_from", help="what stage 2 or the control starts from (default <out_dir>/ar.pt), or a "
+                                       "Hugging Face model directory, where every stage starts")
     p.add_argument("--out_dir", default="out", help="where checkpoints, logs and plots go (default out)")
     p.add_argument("--data", help="your own instruction data: JSONL of {prompt, response} or {messages}")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run from the checkpoints in --out_dir")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its --out_dir")
     p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cuda when available)")
     p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batch order")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="autocast precision of the forward passes "
-                                                                    "(default bfloat16 on CUDA, float32 elsewhere)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="autocast precision (default bfloat16 on CUDA)")
+    p.add_argument("--buckets", type=int, default=16, help="length buckets; a batch comes from one, so it has "
+                                                           "little padding (default 16; 1: uniform batches)")
+    p.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (default 1.0)")
     g = p.add_argument_group("MARS (stage 2)")
     g.add_argument("--block_size", type=int, default=4, help="B, the MARS block: masks predicted together (default 4)")
-    g.add_argument("--ar_weight", type=float,
-                   help="alpha, weight of the clean-stream (AR) loss (default 1.0). 0 drops it and changes nothing "
-                        "else: that is not quite the paper's 'w/o SFT loss' ablation, which is --no_sft")
+    g.add_argument("--ar_weight", type=float, help="alpha, weight of the clean-stream (AR) loss (default 1.0; 0 is "
+                                                   "not the paper's 'w/o SFT loss' ablation: that is --no_sft)")
     g.add_argument("--no_sft", action="store_true", help="the paper's 'w/o SFT loss' ablation: no clean-stream loss, "
                                                          "each sequence's noisy loss weighted 1/t, t ~ U[0.001, 1)")
-    g.add_argument("--block_offset", choices=["fixed", "random"], default="fixed",
-                   help="fixed: the paper's blocks, at multiples of B from the sequence start (default); "
-                        "random: every step shifts the boundaries by a random offset (an ablation)")
+    g.add_argument("--block_offset", choices=["fixed", "random"], default="fixed", help="fixed: the paper's blocks, "
+                   "at multiples of B (default); random: shifted by a random offset every step (an ablation)")
     g = p.add_argument_group("preset overrides (default: the preset's value)")
-    g.add_argument("--n_layer", type=int, help="transformer layers")
-    g.add_argument("--n_head", type=int, help="attention heads")
-    g.add_argument("--n_embd", type=int, help="model width")
-    g.add_argument("--max_seq_len", type=int, help="context length in tokens; longer examples are dropped")
-    g.add_argument("--vocab_size", type=int, help="tokenizer vocabulary including special tokens (at most)")
-    g.add_argument("--n_train", type=int, help="training examples generated for the built-in instruction set")
-    g.add_argument("--batch_size", type=int, help="global batch in sequences, whatever the number of processes")
-    g.add_argument("--micro_batch", type=int, help="sequences per forward per process, the rest accumulated "
-                                                   "(default batch_size / processes)")
-    g.add_argument("--ar_iters", type=int, help="optimizer steps of stage 1")
-    g.add_argument("--mars_iters", type=int, help="optimizer steps of stage 2")
-    g.add_argument("--lr", type=float, help="peak learning rate of stage 1 (linear warmup, then cosine to zero)")
-    g.add_argument("--mars_lr", type=float, help="peak learning rate of stage 2 and the control (the paper: as stage 1)")
-    g.add_argument("--warmup", type=float, help="warmup as a fraction of the stage's steps")
-    g.add_argument("--weight_decay", type=float, help="AdamW weight decay on matrices")
-    g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (default 1.0)")
-    g.add_argument("--eval_every", type=int, help="steps between validation losses")
-    g.add_argument("--save_every", type=int, help="steps between checkpoints")
-    g.add_argument("--summary_limit", type=int, help="held-out prompts in the final summary (default all)")
-    args = p.parse_args(argv)
-    hf = args.init_from is not None and trained_from_hf(args.init_from)
-    args.preset = args.preset or ("hf" if hf else "gpu" if torch.cuda.is_available() else "cpu")
-    if args.preset == "hf" and not hf:
+    for name, kind, text in OVERRIDES:
+        g.add_argument(f"--{name}", type=kind, help=text)
+    return resolve(p, p.parse_args(argv))
+
+
+def resolve(p, args):
+    """Fills what the flags left open from the preset; refuses what cannot run."""
+    stage2 = args.stage in ("mars", "control")  # they start from --init_from, by default <out_dir>/ar.pt
+    args.from_hf = from_hf(args.init_from or (os.path.join(args.out_dir, "ar.pt") if stage2 else None))
+    args.preset = args.preset or ("hf" if args.from_hf else "gpu" if torch.cuda.is_available() else "cpu")
+    if args.preset == "hf" and not args.from_hf:
         p.error("--preset hf fine-tunes a real model: give --init_from DIR (a Hugging Face model directory)")
-    for k, v in PRESETS[args.preset].items():
+    if args.preset == "hf":
+        from extras.hf_train import PRESET as preset  # the Hugging Face path only
+    for k, v in (preset if args.preset == "hf" else PRESETS[args.preset]).items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
-    for k in ("ar_iters", "mars_iters", "epochs"):  # the hf preset counts epochs; the others, steps
-        setattr(args, k, getattr(args, k, None))
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     args.data = args.data and os.path.abspath(args.data)  # the checkpoint must find it from anywhere
     counts = (args.block_size, args.ar_iters, args.mars_iters, args.eval_every, args.save_every, args.batch_size)
-    if min(n for n in counts if n is not None) < 1:
-        p.error("--block_size, --ar_iters, --mars_iters, --eval_every, --save_every, --batch_size must be >= 1")
-    if not hf and (args.n_embd % args.n_head or (args.n_embd // args.n_head) % 2):
+    if min(n for n in counts + (args.buckets,) if n is not None) < 1:
+        p.error("--block_size, --ar_iters, --mars_iters, --eval_every, --save_every, --batch_size, --buckets "
+                "must be >= 1")
+    if not args.from_hf and (args.n_embd % args.n_head or (args.n_embd // args.n_head) % 2):
         p.error("--n_embd must split into --n_head heads of an even width (rotary positions rotate pairs)")
     if (args.ar_weight or 0) < 0 or (args.no_sft and args.ar_weight is not None):
         p.error("--ar_weight must be >= 0, and --no_sft has no clean-stream loss to weight")
@@ -131,214 +117,236 @@ def get_args(argv=None):
     return args
 
 
-def prompt_text(prompt):
-    """A prompt as plain text (a conversation's turns, one per line), to train the toy's tokenizer on."""
-    return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
-
-
-def trained_from_hf(path):
-    """True for a Hugging Face model directory, or one of our checkpoints whose training started from one
-    (it carries "hf"; read with mmap, so its tensors are not loaded)."""
-    if os.path.isdir(path):
-        return True
+def from_hf(path):
+    """Whether a run starts from a real model: a Hugging Face directory, or our checkpoint trained from one
+    (it carries "hf"; read with mmap, so its tensors stay on disk)."""
+    if path is None or os.path.isdir(path):
+        return path is not None
     try:
         return "hf" in torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception:
-        return False  # load_checkpoint reports an unreadable file later
+        return False  # a missing or unreadable file is reported when the stage loads it
 
-
-# ---------------------------------------------------------------------------
-# Checkpoints: atomic (temp file + rename), plain types, weights_only loadable
 
 def stage2_flags(args):
     """What a MARS checkpoint records of its stage-2 flags (and --resume checks)."""
     return {"B": args.block_size, "ar_weight": args.ar_weight, "no_sft": args.no_sft, "block_offset": args.block_offset}
 
 
-def save_checkpoint(path, ckpt):
-    torch.save(ckpt, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-# ---------------------------------------------------------------------------
-# The loop, shared by every stage: only the loss function differs
-
-@contextmanager
-def ctrl_c_requests():
-    """Within the block, Ctrl-C appends to the yielded list instead of raising,
-    so the loop can stop at the next step boundary with a checkpoint."""
-    requests = []
-    previous = signal.signal(signal.SIGINT, lambda *_: requests.append(1))
-    try:
-        yield requests
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def lr_at(it, peak, warmup_frac, iters):
     warmup = max(1, int(warmup_frac * iters))
     if it < warmup:
         return peak * (it + 1) / warmup
-    progress = (it - warmup) / max(1, iters - warmup)
-    return peak * 0.5 * (1 + math.cos(math.pi * progress))
+    return peak * 0.5 * (1 + math.cos(math.pi * (it - warmup) / max(1, iters - warmup)))
 
 
-def train_stage(stage, model, tok, splits, args, dist_info, state=None, hf=None):
-    """Runs one stage to the end (or to Ctrl-C) and writes <out_dir>/<stage>.pt.
-    hf: what the checkpoint records of the Hugging Face model it started from (None for the toy)."""
-    (rank, world), device = dist_info, args.device
-    master = rank == 0
-    is_mars = stage == "mars"
-    # stage 2 and the control pad every sequence with <|endoftext|> to a multiple of B, as the paper does
-    multiple = 1 if stage == "ar" else args.block_size
-    path = os.path.join(args.out_dir, f"{stage}.pt")
-    train_rows = data.tokenize(splits["train"], tok, args.max_seq_len, multiple)
-    val_rows = data.tokenize(splits["val"], tok, args.max_seq_len, multiple)[:256]
-    if not train_rows:
-        raise UserError(f"no training example fits --max_seq_len {args.max_seq_len}")
-    key = "ar_iters" if stage == "ar" else "mars_iters"
-    if getattr(args, key) is None:  # the hf preset: epochs over the rows that fit
-        setattr(args, key, math.ceil(args.epochs * len(train_rows) / args.batch_size))
-    iters, peak_lr = (args.ar_iters, args.lr) if stage == "ar" else (args.mars_iters, args.mars_lr)
+# ---------------------------------------------------------------------------
+# One stage: every stage runs the same loop; only the loss differs
 
-    micro = args.micro_batch or args.batch_size // world
-    if micro < 1 or args.batch_size % (micro * world):
-        raise UserError(f"--batch_size {args.batch_size} is not a multiple of --micro_batch {micro} x {world} processes")
-    accum = args.batch_size // (micro * world)
 
-    def draws(rng, n):
-        """A step's random draws, for its n sequences: the MARS block offset, and the --no_sft
-        weights (1/t per sequence: drawn for the global batch, so each process takes its own)."""
-        offset = int(torch.randint(args.block_size, (1,), generator=rng)) if args.block_offset == "random" else 0
-        return offset, mars.no_sft_weights(n, rng, device) if args.no_sft else None
+class Stage:
+    """A stage's loop and what it keeps: rows in length buckets, optimizer, batch order, log.
+    hf: what the checkpoint records of the Hugging Face model the run started from (None for the toy)."""
 
-    def loss_fn(m, x, y, offset=0, weight=None):
-        """The stage's loss and what to log. The control is MARS without its noisy stream: the
-        clean term alone, with the same per-sequence mean, padding, batches and schedule."""
-        if not is_mars:
-            loss = mars.ar_loss(m, x, y, per_sequence=stage == "control")
+    def __init__(self, name, model, tok, splits, args, dist_info, state=None, hf=None):
+        self.name, self.model, self.tok, self.args, self.hf, self.t_created = name, model, tok, args, hf, time.time()
+        (self.rank, self.world), self.path = dist_info, os.path.join(args.out_dir, f"{name}.pt")
+        self.multiple = 1 if name == "ar" else args.block_size  # stage 2 and the control pad rows to B's multiples
+        self.rows = data.tokenize(splits["train"], tok, args.max_seq_len, self.multiple)
+        self.val_rows = data.tokenize(splits["val"], tok, args.max_seq_len, self.multiple)[:256]
+        self.val_examples = splits["val"][:args.summary_limit]
+        if not self.rows:
+            raise UserError(f"no training example fits --max_seq_len {args.max_seq_len}")
+        self.buckets = data.length_buckets(self.rows, args.buckets, self.multiple, min_rows=8 * args.batch_size)
+        self.iters, self.peak_lr = (args.ar_iters, args.lr) if name == "ar" else (args.mars_iters, args.mars_lr)
+        self.micro = args.micro_batch or args.batch_size // self.world
+        if self.micro < 1 or args.batch_size % (self.micro * self.world):
+            raise UserError(f"--batch_size {args.batch_size} is not a multiple of --micro_batch {self.micro} x "
+                            f"{self.world} processes")
+        self.accum = args.batch_size // (self.micro * self.world)
+        groups = [{"params": [p for p in model.parameters() if p.dim() == d], "weight_decay": wd}  # decay matrices
+                  for d, wd in ((2, args.weight_decay), (1, 0.0))]
+        self.optimizer = torch.optim.AdamW(groups, self.peak_lr, tuple(args.betas), fused="cuda" in args.device)
+        self.order = torch.Generator().manual_seed(args.seed + (name != "ar"))  # control and mars: the same batches
+        self.start, self.history = (state["iter"], state["history"]) if state else (0, [])
+        if state:  # --resume
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.order.set_state(state["order_rng"])
+        run = torch.compile(model) if args.compile else model
+        self.run = DDP(run) if self.world > 1 else run
+        self.amp = torch.autocast(torch.device(args.device).type, getattr(torch, args.dtype),
+                                  enabled=args.dtype != "float32")
+
+    def batch(self, rows):
+        return (t.to(self.args.device) for t in data.make_batch(rows, self.tok.eot, self.multiple))
+
+    def draws(self, rng, n):
+        """A step's random draws for n sequences: the MARS block offset, and the --no_sft weights (1/t per
+        sequence, drawn for the global batch so that each process takes its own)."""
+        a = self.args
+        offset = int(torch.randint(a.block_size, (1,), generator=rng)) if a.block_offset == "random" else 0
+        return offset, mars.no_sft_weights(n, rng, a.device) if a.no_sft else None
+
+    def loss(self, m, x, y, offset=0, weight=None):
+        """The stage's loss and what to log. The control is MARS without its noisy stream: the clean term
+        alone, with the same per-sequence mean, padding, batches and schedule."""
+        if self.name != "mars":
+            loss = mars.ar_loss(m, x, y, per_sequence=self.name == "control")
             return loss, {"loss": loss}
-        loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, args.block_size, args.ar_weight, offset, weight)
+        loss, noisy, clean = mars.mars_loss(m, x, y, self.tok.mask, self.args.block_size, self.args.ar_weight,
+                                            offset, weight)
         return loss, {"loss": loss, "noisy": noisy, "clean": clean}
 
-    def batch(rows):
-        x, y = data.make_batch(rows, tok.eot, multiple)
-        return x.to(device), y.to(device)
-
-    groups = [{"params": [p for p in model.parameters() if p.dim() == d], "weight_decay": wd}  # decay matrices only
-              for d, wd in ((2, args.weight_decay), (1, 0.0))]
-    optimizer = torch.optim.AdamW(groups, lr=peak_lr, betas=tuple(args.betas), fused=device.startswith("cuda"))
-    order = torch.Generator().manual_seed(args.seed + (0 if stage == "ar" else 1))  # control and mars: same batches
-    start, history = 0, []
-    if state is not None:  # --resume
-        optimizer.load_state_dict(state["optimizer"])
-        order.set_state(state["order_rng"])
-        start, history = state["iter"], state["history"]
-
-    run = torch.compile(model) if args.compile else model
-    run = DDP(run) if world > 1 else run
-    amp = torch.autocast(torch.device(device).type, dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32")
-
-    def checkpoint(it, done):
-        ckpt = {"model": model.state_dict(), "model_config": asdict(model.config), "tokenizer": tok.state(),
-                "train_config": vars(args), "stage": stage, "iter": it, "done": done,
-                "optimizer": optimizer.state_dict(), "order_rng": order.get_state(), "history": history}
-        if hf is not None:
-            ckpt["hf"] = hf
-        if is_mars:
-            ckpt["mars"] = stage2_flags(args)
-        elif stage == "control":
-            ckpt["control"] = {"B": args.block_size}
-        if master:
-            save_checkpoint(path, ckpt)
+    def step(self, it):
+        """One optimizer step: every process draws the same global batch, then takes its own share.
+        Returns the log record and the batch's tokens (padding aside)."""
+        args, micro = self.args, self.micro
+        lr = lr_at(it, self.peak_lr, args.warmup, self.iters)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        drawn = data.draw_batch(self.buckets, args.batch_size, self.order)
+        step_rng = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=self.order)))
+        offset, weights = self.draws(step_rng, args.batch_size)
+        logged = {}
+        for a in range(self.accum):
+            mine = slice((self.rank * self.accum + a) * micro, (self.rank * self.accum + a + 1) * micro)
+            if self.world > 1:
+                self.run.require_backward_grad_sync = a == self.accum - 1
+            with self.amp:
+                loss, parts = self.loss(self.run, *self.batch([self.rows[i] for i in drawn[mine]]), offset,
+                                        None if weights is None else weights[mine])
+            (loss / self.accum).backward()
+            for k, v in parts.items():
+                logged[k] = logged.get(k, 0.0) + v.item() / self.accum
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.grad_clip)
+        if not torch.isfinite(norm):  # identical on every process after the all-reduce
+            raise UserError(f"non-finite loss or gradient at {self.name} step {it} (loss {logged['loss']:.4g}); "
+                            f"stopped without updating; the last good checkpoint is {self.path}"
+                            + ("" if os.path.exists(self.path) else " (none was written yet)"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"iter": it + 1, "lr": lr, **logged}, sum(len(self.rows[i][0]) - 1 for i in drawn)
 
     @torch.no_grad()
-    def val_losses():  # the same loss as training, with its random draws from a fixed seed
-        model.eval()
+    def val_losses(self):
+        """The training loss on the validation rows, its random draws from a fixed seed (--no_sft: unweighted)."""
+        self.model.eval()
         sums, rng = {}, torch.Generator().manual_seed(1234)
-        for i in range(0, len(val_rows), micro):
-            with amp:  # --no_sft: validation reports the plain (unweighted) noisy loss
-                _, parts = loss_fn(model, *batch(val_rows[i:i + micro]), draws(rng, 1)[0])
+        for i in range(0, len(self.val_rows), self.micro):
+            with self.amp:
+                _, parts = self.loss(self.model, *self.batch(self.val_rows[i:i + self.micro]), self.draws(rng, 1)[0])
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + v.item()
-        model.train()
-        n = math.ceil(len(val_rows) / micro)
-        return {f"val_{k}": v / n for k, v in sums.items()}
+        self.model.train()
+        return {f"val_{k}": v / math.ceil(len(self.val_rows) / self.micro) for k, v in sums.items()}
 
-    with ctrl_c_requests() as interrupt:
-        model.train()
-        t0, tokens_seen, t_last = time.time(), 0, time.time()
-        for it in range(start, iters):
-            lr = lr_at(it, peak_lr, args.warmup, iters)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            # every process draws the same global batch, then takes its own share
-            drawn = torch.randint(len(train_rows), (args.batch_size,), generator=order).tolist()
-            step_rng = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=order)))
-            offset, weights = draws(step_rng, args.batch_size)
-            first = rank * micro * accum
-            mine = drawn[first:first + micro * accum]
-            logged = {}
-            for a in range(accum):
-                x, y = batch([train_rows[i] for i in mine[a * micro:(a + 1) * micro]])
-                weight = None if weights is None else weights[first + a * micro:first + (a + 1) * micro]
-                tokens_seen += x.numel() * world
-                if world > 1:
-                    run.require_backward_grad_sync = a == accum - 1
-                with amp:
-                    loss, parts = loss_fn(run, x, y, offset, weight)
-                (loss / accum).backward()
-                for k, v in parts.items():
-                    logged[k] = logged.get(k, 0.0) + v.item() / accum
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-            if not torch.isfinite(norm):  # identical on every process after the all-reduce
-                raise UserError(f"non-finite loss or gradient at {stage} step {it} (loss {logged['loss']:.4g}); "
-                                    f"stopped without updating; the last good checkpoint is {path}"
-                                    + (" (none was written yet)" if not os.path.exists(path) else ""))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    def save(self, it, done):
+        """An atomic checkpoint (temp file + rename) of plain types, loadable with weights_only=True."""
+        ckpt = {"model": self.model.state_dict(), "model_config": asdict(self.model.config), "done": done,
+                "tokenizer": self.tok.state(), "train_config": vars(self.args), "stage": self.name, "iter": it,
+                "optimizer": self.optimizer.state_dict(), "order_rng": self.order.get_state(), "history": self.history}
+        if self.hf is not None:
+            ckpt["hf"] = self.hf
+        if self.name == "mars":
+            ckpt["mars"] = stage2_flags(self.args)
+        elif self.name == "control":
+            ckpt["control"] = {"B": self.args.block_size}
+        torch.save(ckpt, self.path + ".tmp")
+        os.replace(self.path + ".tmp", self.path)
 
-            record = {"iter": it + 1, "lr": lr, **logged, "elapsed_s": round(time.time() - t0, 2)}
-            last = it + 1 == iters
-            if (it + 1) % args.eval_every == 0 or last:
-                record.update(val_losses())
-            history.append(record)
-            if master and ((it + 1) % max(10, iters // 50) == 0 or last or "val_loss" in record):
-                elapsed = time.time() - t0
-                eta = elapsed / (it + 1 - start) * (iters - it - 1)
-                parts = " ".join(f"{k} {v:.3f}" for k, v in record.items() if k not in ("iter", "lr", "elapsed_s"))
-                print(f"{stage} {it + 1}/{iters} | {parts} | lr {lr:.2e} | "
-                      f"{tokens_seen / (time.time() - t_last):,.0f} tok/s | ETA {eta / 60:.1f} min", flush=True)
-                tokens_seen, t_last = 0, time.time()
-            stop = torch.tensor(float(bool(interrupt)))
-            if world > 1:  # every process stops at the same step
-                dist.all_reduce(stop)
-            if stop.item() or last or (it + 1) % args.save_every == 0:
-                checkpoint(it + 1, last)
-            if stop.item() and not last:
-                if master:
-                    cmd = " ".join(["python"] + sys.argv + ([] if "--resume" in sys.argv else ["--resume"]))
-                    print(f"\ninterrupted: {path} holds step {it + 1} of {iters}; resume with:\n  {cmd}", flush=True)
-                raise SystemExit(130)
-    if master:
-        if splits["val"] and history:
-            history[-1].update(validation_accuracy(model, tok, splits["val"][:args.summary_limit],
-                                                   args.block_size if is_mars else 1))
-        write_log_and_plot(stage, history, args.out_dir)
-    return model
+    def train(self, later=0.0):
+        """Runs the stage to its end or to Ctrl-C (caught, so the loop stops at a step with a checkpoint).
+        later: what the run does after this stage, in stage-1 steps, for the ETA of the whole run."""
+        args, previous = self.args, self.history[-1]["elapsed_s"] if self.history else 0.0
+        interrupt, handler = [], signal.signal(signal.SIGINT, lambda *_: interrupt.append(1))
+        try:
+            t0 = t_last = time.time()
+            tokens = 0
+            for it in range(self.start, self.iters):
+                record, n = self.step(it)
+                tokens, last = tokens + n, it + 1 == self.iters
+                record["elapsed_s"] = round(previous + time.time() - t0, 2)
+                if (it + 1) % args.eval_every == 0 or last:
+                    record.update(self.val_losses())
+                self.history.append(record)
+                if self.rank == 0 and ((it + 1) % max(10, self.iters // 50) == 0 or last or "val_loss" in record):
+                    per_step = (time.time() - t0) / (it + 1 - self.start)
+                    self.report(record, tokens / (time.time() - t_last), per_step, later)
+                    t_last, tokens = time.time(), 0
+                stop = torch.tensor(float(bool(interrupt)))
+                if self.world > 1:  # every process stops at the same step
+                    dist.all_reduce(stop)
+                if self.rank == 0 and (stop.item() or last or (it + 1) % args.save_every == 0):
+                    self.save(it + 1, last)
+                if stop.item() and not last:
+                    if self.rank == 0:
+                        cmd = " ".join(["python"] + sys.argv + ([] if "--resume" in sys.argv else ["--resume"]))
+                        print(f"\ninterrupted: {self.path} holds step {it + 1} of {self.iters}; resume with:\n  {cmd}")
+                    raise SystemExit(130)
+        finally:
+            signal.signal(signal.SIGINT, handler)
+        if self.rank == 0 and self.history:  # the last record: validation accuracy and the stage's wall time
+            if self.val_examples:
+                B = args.block_size if self.name == "mars" else 1
+                self.history[-1].update(validation_accuracy(self.model, self.tok, self.val_examples, B))
+            self.history[-1]["stage_seconds"] = round(previous + time.time() - self.t_created, 2)
+            write_log_and_plot(self.name, self.history, args.out_dir)
+
+    def report(self, record, tokens_per_s, per_step, later):
+        """One progress line: the time left in the stage, and in the whole run."""
+        eta = per_step * (self.iters - record["iter"])
+        run = eta + per_step / STEP_COST[self.name] * later
+        parts = " ".join(f"{k} {v:.3f}" for k, v in record.items() if k not in ("iter", "lr", "elapsed_s"))
+        print(f"{self.name} {record['iter']}/{self.iters} | {parts} | lr {record['lr']:.2e} | {tokens_per_s:,.0f} "
+              f"tok/s | ETA stage {eta / 60:.1f} min, run {run / 60:.1f} min", flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Validation accuracy and the closing summary
+
+
+def score(model, tok, examples, B=1, tau=1.0):
+    """Greedy exact-answer accuracy, overall and per family, and tokens per forward (output tokens over
+    the forwards each prompt's row took part in), decoding 64 prompts at a time."""
+    model.eval()
+    right, tokens, steps = [], 0, 0
+    for i in range(0, len(examples), 64):
+        batch = examples[i:i + 64]
+        gens = generate_batch(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask, B=B,
+                              tau=tau, n_vocab=tok.n_vocab)
+        right += [int(data.check(e, tok.decode([t for t in g.tokens if t != tok.eot]))) for e, g in zip(batch, gens)]
+        tokens, steps = tokens + sum(len(g.tokens) for g in gens), steps + sum(g.steps for g in gens)
+    model.train()
+    tasks = sorted({e["task"] for e in examples})
+    per_task = {f: [r for e, r in zip(examples, right) if e["task"] == f] for f in tasks}
+    return {"n": len(right), "accuracy": sum(right) / len(right), "tokens_per_forward": tokens / max(steps, 1),
+            "per_task": {f: round(sum(r) / len(r), 4) for f, r in per_task.items()}}
 
 
 def validation_accuracy(model, tok, examples, B):
     """Greedy accuracy on the validation prompts, overall and per family: what a recipe or data mix is
     chosen on (the test split only reports). A MARS stage decodes with its B at tau = 1.0."""
-    from eval import score  # a top module may use another; nothing imports train.py
-    model.eval()
-    r = score(model, tok, examples, B=B, tau=1.0)
-    model.train()
-    per_task = {k: round(v["accuracy"], 4) for k, v in r["per_task"].items()}
-    print(f"validation accuracy {100 * r['accuracy']:.1f}% on {len(examples)} prompts: "
-          + ", ".join(f"{k} {100 * v:.0f}" for k, v in per_task.items()), flush=True)
-    return {"val_accuracy": r["accuracy"], "val_per_task": per_task}
+    r = score(model, tok, examples, B=B)
+    print(f"validation accuracy {100 * r['accuracy']:.1f}% on {r['n']} prompts: "
+          + ", ".join(f"{k} {100 * v:.0f}" for k, v in r["per_task"].items()), flush=True)
+    return {"val_accuracy": r["accuracy"], "val_per_task": r["per_task"]}
+
+
+def summary(out_dir, test, device):
+    """The closing check: held-out accuracy of stage 1 and of MARS at tau = 1.0 and 0.9 -> summary.json
+    (the paper's tables in full, with intervals: python -m extras.eval)."""
+    if not test:
+        return print("no held-out test examples in this data: skipping the summary")
+    ar, tok = model_from_checkpoint(load_checkpoint(os.path.join(out_dir, "ar.pt"), device), device)
+    ckpt = load_checkpoint(os.path.join(out_dir, "mars.pt"), device)
+    (model, mtok), B = model_from_checkpoint(ckpt, device), ckpt["mars"]["B"]
+    rows = [("stage 1 (AR SFT)", None, score(ar, tok, test))]
+    rows += [(f"MARS tau={tau}", tau, score(model, mtok, test, B=B, tau=tau)) for tau in (1.0, 0.9)]
+    print(f"\nheld-out test set ({len(test)} prompts)\n| model | accuracy | tokens/forward |\n|---|---|---|")
+    for name, _, r in rows:
+        print(f"| {name} | {100 * r['accuracy']:.1f}% | {r['tokens_per_forward']:.2f} |")
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump([{"model": name, "threshold": tau, **r} for name, tau, r in rows], f, indent=1)
 
 
 def write_log_and_plot(stage, history, out_dir):
@@ -358,84 +366,90 @@ def write_log_and_plot(stage, history, out_dir):
     fig.savefig(os.path.join(out_dir, f"{stage}_loss.png"), dpi=100)
 
 
+# ---------------------------------------------------------------------------
+# The run: which stages, where each starts
+
+
+def plan_stages(args, say):
+    """The stages to run, and the checkpoint of a stage interrupted earlier (--resume)."""
+    stages = ["ar", "mars"] if args.stage == "all" else [args.stage]
+    for stage in reversed(stages if args.resume else []):
+        path = os.path.join(args.out_dir, f"{stage}.pt")
+        if not os.path.exists(path):
+            continue
+        ckpt = load_checkpoint(path)
+        if ckpt.get("done"):
+            stages = stages[stages.index(stage) + 1:]
+            say(f"resuming: stage {stage} is complete in {path}" + ("" if stages else "; nothing to do"))
+            return stages, {}
+        saved, now = ckpt.get("mars") or ckpt.get("control") or {}, stage2_flags(args)
+        changed = [f"{k} {saved[k]} -> {now[k]}" for k in saved if saved[k] != now[k]]
+        if changed:
+            raise UserError(f"--resume with changed stage-2 flags ({', '.join(changed)}); rerun with the flags of "
+                            f"{path}, or start a new --out_dir")
+        say(f"resuming stage {stage} at step {ckpt['iter']} from {path}")
+        return stages[stages.index(stage):], {stage: ckpt}
+    if args.resume:
+        say(f"resuming: no checkpoint in {args.out_dir}; starting from scratch")
+    return stages, {}
+
+
+def start_stage(stage, state, args, splits, say):
+    """The model, tokenizer and splits a stage starts from, and its Hugging Face record (None for the toy)."""
+    if args.from_hf:  # a real model: extras/hf_train.py, imported on this path only
+        from extras.hf_train import start_stage as start_from_hf
+        return start_from_hf(stage, state, args, splits, MODEL_KEYS)
+    if stage == "ar" and state is None:  # the toy, from scratch
+        splits = data.load_splits(args.data, args.seed, args.n_train)
+        tok = tokenizer.Tokenizer.train((data.plain_text(e) for e in splits["train"]), args.vocab_size)
+        model = GPT(GPTConfig(vocab_size=tok.n_vocab, **{k: getattr(args, k) for k in MODEL_KEYS})).to(args.device)
+        say(f"instruction set: {', '.join(f'{k} {len(v)}' for k, v in splits.items())}; tokenizer: "
+            f"{tok.n_vocab} tokens; model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+        return model, tok, splits, None
+    source = state or load_checkpoint(args.init_from or os.path.join(args.out_dir, "ar.pt"))
+    if state is None and source.get("stage") != "ar":
+        raise UserError("--init_from must be a stage-1 (ar) checkpoint or a Hugging Face model directory")
+    model, tok = model_from_checkpoint(source, args.device)
+    for k in MODEL_KEYS:  # the architecture comes from the checkpoint
+        setattr(args, k, source["model_config"][k])
+    prev = source["train_config"]
+    args.data = args.data or prev["data"]
+    return model, tok, splits or data.load_splits(args.data, prev["seed"], prev["n_train"]), None
+
+
+def cost_after(stage, stages, args, splits):
+    """What the run does after this stage, in stage-1 steps: the later stages, the validation accuracies
+    and the summary (decoding a prompt takes about as long as training on a row)."""
+    rest = stages[stages.index(stage) + 1:]
+    steps = sum(STEP_COST[s] * ((args.ar_iters if s == "ar" else args.mars_iters) or 0) for s in rest)
+    prompts = (1 + len(rest)) * len(splits["val"][:args.summary_limit])
+    prompts += 3 * len(splits["test"][:args.summary_limit]) if args.stage == "all" else 0
+    return steps + prompts / args.batch_size
+
+
 def main(argv=None):
-    args = get_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    rank = int(os.environ.get("RANK", 0))
-    if world > 1:
-        backend = "nccl" if args.device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend)
+    args, t0 = get_args(argv), time.time()
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    if world > 1:  # torchrun: one process per device
+        dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo")
         if args.device.startswith("cuda"):
             args.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
             torch.cuda.set_device(args.device)
     say = print if rank == 0 else lambda *_: None
     os.makedirs(args.out_dir, exist_ok=True)
     torch.manual_seed(args.seed)
-
-    stages = ["ar", "mars"] if args.stage == "all" else [args.stage]
-    resume_state = {}
-    if args.resume:
-        for stage in ("control", "mars", "ar"):
-            path = os.path.join(args.out_dir, f"{stage}.pt")
-            if stage in stages and os.path.exists(path):
-                ckpt = load_checkpoint(path)
-                if ckpt.get("done"):
-                    stages = stages[stages.index(stage) + 1:]
-                    say(f"resuming: stage {stage} is complete in {path}" + ("" if stages else "; nothing to do"))
-                else:
-                    saved = ckpt.get("mars") or ckpt.get("control") or {}
-                    now = stage2_flags(args)
-                    changed = [f"{k} {saved[k]} -> {now[k]}" for k in saved if saved[k] != now[k]]
-                    if changed:
-                        raise UserError(f"--resume with changed stage-2 flags ({', '.join(changed)}); rerun with the "
-                                        f"flags of {path}, or start a new --out_dir")
-                    stages = stages[stages.index(stage):]
-                    resume_state[stage] = ckpt
-                    say(f"resuming stage {stage} at step {ckpt['iter']} from {path}")
-                break
-        else:
-            say(f"resuming: no checkpoint in {args.out_dir}; starting from scratch")
-
-    hf_dir = args.init_from is not None and os.path.isdir(args.init_from)  # a Hugging Face model directory
-    splits, tok = None, None
+    stages, resume_state = plan_stages(args, say)
+    splits = None
     for stage in stages:
         state = resume_state.get(stage)
-        source = None
-        if stage == "ar" and state is None and not hf_dir:  # the toy, from scratch
-            splits = data.load_splits(args.data, args.seed, args.n_train)
-            texts = (prompt_text(e["prompt"]) + "\n" + e["response"] for e in splits["train"])
-            tok = tokenizer.Tokenizer.train(texts, args.vocab_size)
-            config = GPTConfig(vocab_size=tok.n_vocab, **{k: getattr(args, k) for k in MODEL_KEYS})
-            model = GPT(config).to(args.device)
-            say(f"instruction set: {', '.join(f'{k} {len(v)}' for k, v in splits.items())}; tokenizer: "
-                f"{tok.n_vocab} tokens; model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
-        else:
-            # --init_from starts the stage (a Hugging Face directory: any stage), except that --stage all
-            # on a Hugging Face directory runs its MARS stage from the AR SFT it has just trained
-            after_ar = args.init_from is None or (hf_dir and stage != "ar" and args.stage == "all")
-            source = state or load_checkpoint(os.path.join(args.out_dir, "ar.pt") if after_ar else args.init_from)
-            if state is None and source.get("stage") not in ("ar", "hf"):
-                raise UserError("--init_from must be a stage-1 (ar) checkpoint or a Hugging Face model directory")
-            model, tok = model_from_checkpoint(source, args.device)
-            limit = args.max_seq_len
-            for k in MODEL_KEYS:  # the architecture comes from the checkpoint
-                setattr(args, k, source["model_config"][k])
-            if "hf" in source:  # a real model: --max_seq_len limits the rows (the recipe: 512), within its context
-                args.max_seq_len = min(limit, args.max_seq_len)
-            if splits is None:
-                prev = source.get("train_config")  # none in a Hugging Face directory
-                if prev is None and args.data is None:
-                    raise UserError("--init_from a Hugging Face directory needs --data (your JSONL of "
-                                    "{prompt, response} or {messages})")
-                args.data = args.data or prev["data"]
-                splits = data.load_splits(args.data, args.seed if prev is None else prev["seed"],
-                                          args.n_train if prev is None else prev["n_train"])
-        train_stage(stage, model, tok, splits, args, (rank, world), state, hf=source and source.get("hf"))
+        model, tok, splits, hf = start_stage(stage, state, args, splits, say)
+        Stage(stage, model, tok, splits, args, (rank, world), state, hf).train(cost_after(stage, stages, args, splits))
         if world > 1:  # the next stage reads the checkpoint rank 0 has just written
             dist.barrier()
     if rank == 0 and args.stage == "all" and stages:
-        from eval import summary
         summary(args.out_dir, splits["test"][:args.summary_limit], args.device)
+    if stages:
+        say(f"done in {(time.time() - t0) / 60:.1f} min")
     if world > 1:
         dist.destroy_process_group()
 

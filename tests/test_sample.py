@@ -505,3 +505,19 @@ def test_tau_that_underflows_never_reads_another_rows_window(m):
         eng.step()
     assert [r.tokens for r in mixed] == alone
     assert MASK not in sum(alone, [])
+
+
+def test_block_cache_rows_join_at_block_writes(m):
+    """With the block cache, a request that arrives mid-block waits for the next write, then
+    commits exactly what it commits alone."""
+    eng = engine.Engine(m, EOT, MASK, 4, 3, N, cache="block", cache_block=6)
+    requests = [engine.Request(list(p), tau=0.5) for p in PROMPTS]
+    joins = [0, 0, 2, 5, 9]
+    step = 0
+    while any(not r.tokens or r in eng.running or r in eng.waiting for r in requests):
+        eng.waiting.extend(r for r, j in zip(requests, joins) if j == step)
+        eng.step()
+        step += 1
+    for r, p in zip(requests, PROMPTS):
+        alone = engine.generate_batch(m, [p], EOT, MASK, B=4, tau=0.5, cache="block", cache_block=6, max_new_tokens=N)
+        assert r.tokens == alone[0].tokens

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import data
+import mars
 import sample
 import train
 from conftest import ONE_THREAD, ROOT, assert_one_line_error, run_cli
@@ -42,6 +43,7 @@ def test_tiny_run_all_stages(tiny_run):
         log = json.loads((tiny_run / f"{stage}_log.json").read_text())
         assert [r["iter"] for r in log] == list(range(1, ckpt["iter"] + 1))
         assert (tiny_run / f"{stage}_loss.png").stat().st_size > 1000
+        assert log[-1]["stage_seconds"] >= log[-1]["elapsed_s"] > 0  # the stage's wall time: setup and validation too
     assert load(tiny_run / "mars.pt")["mars"]["B"] == 4
     summary = json.loads((tiny_run / "summary.json").read_text())
     assert [r["threshold"] for r in summary] == [None, 1.0, 0.9]
@@ -52,7 +54,7 @@ def test_tiny_run_all_stages(tiny_run):
 def test_each_stage_logs_its_validation_accuracy(tiny_run):
     """The last log record of a stage holds the greedy accuracy on the validation prompts (what a data
     mix is chosen on): the same figures eval.score gives for the saved checkpoint on those prompts."""
-    from eval import score
+    from extras.eval import score
     val = data.build_instruction_set(0, train.PRESETS["tiny"]["n_train"])["val"][:train.PRESETS["tiny"]["summary_limit"]]
     for stage, B in (("ar", 1), ("mars", 4)):
         last = json.loads((tiny_run / f"{stage}_log.json").read_text())[-1]
@@ -97,8 +99,9 @@ def test_stage_ar_then_mars(tmp_path):
 
 
 def untimed(log_path):
-    """A training log without its wall-clock field, which no two runs share."""
-    return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in json.loads(log_path.read_text())]
+    """A training log without its wall-clock fields, which no two runs share."""
+    return [{k: v for k, v in r.items() if k not in ("elapsed_s", "stage_seconds")}
+            for r in json.loads(log_path.read_text())]
 
 
 RESUME_CMD = ["train.py", "--preset", "tiny", "--stage", "ar", "--ar_iters", "80", "--save_every", "5",
@@ -340,3 +343,102 @@ def test_compile_one_mars_step_matches_eager(tiny_run, tmp_path):
     eager, compiled = (json.loads((tmp_path / n / "mars_log.json").read_text())[0] for n in ("eager", "compiled"))
     for k in ("loss", "noisy", "clean", "val_loss"):
         assert abs(compiled[k] - eager[k]) < 1e-4 * abs(eager[k]), (k, compiled[k], eager[k])
+
+
+# ---------------------------------------------------------------------------
+# Length-bucketed batches
+
+
+def padded_length(row, multiple):
+    return len(row[0]) + (-len(row[0]) % multiple)
+
+
+def padding_fraction(rows, batch, multiple):
+    lengths = [padded_length(rows[i], multiple) - 1 for i in batch]
+    return 1 - sum(lengths) / (len(lengths) * max(lengths))
+
+
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_length_buckets_reach_every_row_and_cut_padding(tok, splits, multiple):
+    """Every row lies in exactly one bucket, buckets follow (padded) length, a batch comes from one bucket
+    picked in proportion to its size (so every row is as likely as in uniform draws), the seed fixes the
+    draws, and a bucketed batch carries a fraction of a uniform batch's padding."""
+    rows = data.tokenize(splits["train"], tok, 64, multiple)
+    buckets = data.length_buckets(rows, 16, multiple, min_rows=8 * 16)
+    assert len(buckets) == 16 and sorted(i for b in buckets for i in b) == list(range(len(rows)))
+    assert max(map(len, buckets)) - min(map(len, buckets)) <= 1
+    for shorter, longer in zip(buckets, buckets[1:]):
+        assert max(padded_length(rows[i], multiple) for i in shorter) <= min(padded_length(rows[i], multiple)
+                                                                               for i in longer)
+    bucket_of = {i: k for k, b in enumerate(buckets) for i in b}
+    draws = [data.draw_batch(buckets, 16, g) for g in [torch.Generator().manual_seed(0)] for _ in range(800)]
+    again = torch.Generator().manual_seed(0)
+    assert [data.draw_batch(buckets, 16, again) for _ in range(5)] == draws[:5]
+    assert all(len({bucket_of[i] for i in d}) == 1 for d in draws)
+    picked = [sum(bucket_of[d[0]] == k for d in draws) for k in range(16)]
+    assert min(picked) > 20 and max(picked) < 90  # 50 each on average
+    # one bucket: the plain uniform draws over all rows
+    uniform = data.length_buckets(rows, 1, multiple)
+    g = torch.Generator().manual_seed(3)
+    assert data.draw_batch(uniform, 16, g) == torch.randint(len(rows), (16,),
+                                                            generator=torch.Generator().manual_seed(3)).tolist()
+    before = sum(padding_fraction(rows, data.draw_batch(uniform, 16, g), multiple) for _ in range(400)) / 400
+    after = sum(padding_fraction(rows, d, multiple) for d in draws[:400]) / 400
+    assert before > 0.2 and after < 0.3 * before
+    assert len(data.length_buckets(rows[:100], 16, multiple, min_rows=128)) == 1  # too few rows to split
+
+
+def test_bucketed_batch_loss_is_the_mean_of_per_example_losses(tok, splits):
+    """Bucketing keeps the per-sequence normalisation: on a bucketed batch whose rows differ in length and
+    in prompt length (so the batch is padded, and its noisy stream starts where its earliest answer's block
+    does), the MARS loss, both its terms and the control's loss are each the mean over rows of that row's
+    loss alone."""
+    from model import GPT, GPTConfig
+    rows = data.tokenize(splits["train"], tok, 64, 4)
+    buckets = data.length_buckets(rows, 16, 4, min_rows=128)
+    mixed = next(b for b in buckets if len({padded_length(rows[i], 4) for i in b}) > 1)
+    batch = [rows[i] for i in data.draw_batch([mixed], 12, torch.Generator().manual_seed(0))]
+    assert len({padded_length(r, 4) for r in batch}) > 1 and len({n for _, n in batch}) > 1
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=tok.n_vocab, max_seq_len=64, n_layer=2, n_head=2, n_embd=32)).double()
+    x, y = data.make_batch(batch, tok.eot, 4)
+    weights = torch.rand(len(batch), dtype=torch.float64) + 0.5
+    for offset in (0, 2):
+        terms = mars.mars_loss(m, x, y, tok.mask, 4, 0.5, offset, weights)
+        alone = [mars.mars_loss(m, *data.make_batch([r], tok.eot, 4), tok.mask, 4, 0.5, offset, weights[i:i + 1])
+                 for i, r in enumerate(batch)]
+        for k, term in enumerate(terms):
+            torch.testing.assert_close(term, torch.stack([a[k] for a in alone]).mean(), atol=0, rtol=1e-6)
+    control = mars.ar_loss(m, x, y, per_sequence=True)
+    alone = torch.stack([mars.ar_loss(m, *data.make_batch([r], tok.eot, 4), per_sequence=True) for r in batch])
+    torch.testing.assert_close(control, alone.mean(), atol=0, rtol=1e-6)  # CE runs in float32
+
+
+def test_run_eta_counts_what_follows_each_stage(splits):
+    """The ETA of the whole run: after stage 1 come stage 2, the validation accuracies and the summary;
+    after stage 2, its validation accuracy and the summary; a lone stage has no summary after it."""
+    args = train.get_args(["--preset", "tiny", "--device", "cpu"])
+    after_ar = train.cost_after("ar", ["ar", "mars"], args, splits)
+    after_mars = train.cost_after("mars", ["ar", "mars"], args, splits)
+    assert after_ar > train.STEP_COST["mars"] * args.mars_iters > after_mars > 0
+    args.stage = "mars"
+    assert 0 < train.cost_after("mars", ["mars"], args, splits) < after_mars
+
+
+def test_profile_train_writes_padding_and_profile(tmp_path):
+    """extras/profile_train (docs/padding_cpu.json, docs/profile_cpu.json), on the tiny preset: bucketed
+    batches carry less padding and more positions with a loss, stage 2 leaves out noisy prompt blocks,
+    and every step's phases are timed."""
+    proc = run_cli(["extras/profile_train.py", "--preset", "tiny", "--steps", "1", "--batches", "20", "--threads",
+                    "1", "--dtypes", "float32", "--out_dir", tmp_path])
+    assert proc.returncode == 0, proc.stderr
+    pad = {(r["stage"], r["buckets"]): r for r in json.loads((tmp_path / "padding_tiny.json").read_text())["rows"]}
+    for stage in ("ar", "mars"):
+        before, after = pad[stage, 1], pad[stage, 16]
+        assert after["padding"] < before["padding"] and after["loss"] > before["loss"]
+        assert after["positions_per_batch"] < before["positions_per_batch"]
+    assert pad["mars", 16]["in_full"]["positions_per_batch"] > pad["mars", 16]["positions_per_batch"]
+    prof = json.loads((tmp_path / "profile_tiny.json").read_text())
+    assert prof["command"].startswith("python -m extras.profile_train --preset tiny")
+    assert {(r["stage"], r["buckets"]) for r in prof["rows"]} == set(pad)
+    assert all(r["ms"][k] > 0 for r in prof["rows"] for k in ("forward", "backward", "optimizer", "step"))
