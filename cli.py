@@ -1,10 +1,13 @@
-"""Command-line conventions every tool of the project shares: a user's mistake is one line
-on stderr and a non-zero exit, never a traceback."""
+"""What every command line of the project shares: a user's mistake is one line on stderr and a
+non-zero exit, never a traceback; and loading a checkpoint (ours, or a Hugging Face directory)."""
 import argparse
 import os
 import sys
 
 import torch
+
+import tokenizer
+from model import GPT, GPTConfig
 
 
 class UserError(Exception):
@@ -33,9 +36,58 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see --help)\n")
 
 
+def threshold(text):
+    """tau, as a command line or a chat command gives it."""
+    try:
+        tau = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < tau <= 1 or torch.tensor(tau, dtype=torch.float32) == 0:  # decoding compares in float32
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] (and above 0 in float32), got {tau}")
+    return tau
+
+
 def check_device(device):
     """UserError unless torch can place tensors on this device here (e.g. cuda without a GPU)."""
     try:
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError, ValueError):
         raise UserError(f"device {device!r} is not available on this machine") from None
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints
+
+def load_checkpoint(path, device="cpu", dtype=None):
+    """The checkpoint dict, or UserError with a one-line reason. `path` is one of our .pt files or a
+    Hugging Face model directory (hf.read_checkpoint: weights in dtype, default float32)."""
+    check_device(device)
+    if os.path.isdir(path):
+        from extras import hf  # Hugging Face formats load only on this path
+        try:
+            return hf.read_checkpoint(path, device, dtype)
+        except (ValueError, OSError, KeyError) as e:
+            raise UserError(f"{path}: {e}") from None
+    if not os.path.isfile(path):
+        raise UserError(f"checkpoint not found: {path} (train one with: python train.py)")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+        assert isinstance(ckpt, dict) and {"model", "model_config", "tokenizer"} <= ckpt.keys()
+        return ckpt
+    except Exception:
+        raise UserError(f"not a readable checkpoint of this project: {path}") from None
+
+
+def model_from_checkpoint(ckpt, device="cpu", dtype=None):
+    """(model, tokenizer). The model takes the checkpoint's tensors (built on the meta device, so a
+    7B model is never initialised at random first), then moves to device and dtype."""
+    try:
+        with torch.device("meta"):
+            model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"], assign=True)
+    except (TypeError, RuntimeError):  # e.g. a checkpoint of the earlier GPT with learned positions
+        raise UserError("this checkpoint's weights do not fit this version's GPT (rotary positions): retrain it "
+                        "with python train.py") from None
+    if model.config.tie_embeddings:  # assign replaced the shared parameter by two
+        model.lm_head.weight = model.wte.weight
+    return model.to(device=device, dtype=dtype), tokenizer.Tokenizer.from_state(ckpt["tokenizer"])

@@ -184,7 +184,7 @@ class Engine:
                                        conf=c[:n], fed=r.ids[start:] + r.drafts + [self.mask_id] * r.n_masks))
         return tokens, conf
 
-    def accept(self, tokens, conf):
+    def choose_commits(self, tokens, conf):
         """Each row's commit: lossless verification, or mars.accept under its own tau, never past its own
         reads (a tau that rounds to 0 in float32 would otherwise take the padding)."""
         taus = torch.tensor([r.tau for r in self.running], dtype=torch.float32, device=conf.device)
@@ -226,7 +226,7 @@ class Engine:
         width = max(len(r.ids) - (r.cached if self.kv is not None else 0) + len(r.drafts) + r.n_masks
                     for r in self.running)
         committed = []
-        for r, (new, drafts) in zip(self.running, self.accept(*self.forward())):
+        for r, (new, drafts) in zip(self.running, self.choose_commits(*self.forward())):
             kept = self.commit(r, new)
             r.drafts = drafts if kept == new else []
             r.cached = len(r.ids) - (1 if r.lossless else len(kept))  # lossless fed its accepted drafts too
@@ -253,7 +253,7 @@ class Engine:
             r.n_masks = max(r.end - len(r.ids) - 1, 0) if self.B > 1 else 0
         width = max(len(r.ids) - r.cached + r.n_masks for r in self.running)
         committed = []
-        for r, (new, _) in zip(self.running, self.accept(*self.forward())):
+        for r, (new, _) in zip(self.running, self.choose_commits(*self.forward())):
             committed.append(self.commit(r, new, past_eot=True) if len(r.ids) < r.end else [])
         self.settle(committed)
         self.filling = any(len(r.ids) < r.end for r in self.running)

@@ -17,17 +17,14 @@ import torch.nn.functional as F
 # Training (paper section "Training")
 
 def mars_attention_mask(seq_len, B, offset=0):
-    """Boolean (2T, 2T) mask over the [noisy | clean] input, True = may attend.
-
-    With logical position p and block(p) = (p + offset) // B, query i may attend key j when
+    """Boolean (2T, 2T) mask over the [noisy | clean] input, True = may attend. With logical
+    position p and block(p) = (p + offset) // B, query i may attend key j when
       clean -> clean: pos_j <= pos_i                         (a plain AR model)
       noisy -> noisy: same block and pos_j <= pos_i          (causal within a block)
       noisy -> clean: block(j) < block(i)                    (earlier blocks only)
       clean -> noisy: never
-    The paper's grid is offset 0: blocks start at multiples of B from the start
-    of the chat sequence. A nonzero offset shifts every boundary (an ablation:
-    train.py --block_offset random).
-    """
+    The paper's grid is offset 0 (blocks at multiples of B from the sequence start); a nonzero
+    offset shifts every boundary (an ablation: train.py --block_offset random)."""
     pos = torch.arange(seq_len)
     blk = (pos + offset) // B
     causal = pos[None, :] <= pos[:, None]
@@ -39,18 +36,15 @@ def mars_attention_mask(seq_len, B, offset=0):
 
 
 def noisy_copy(x, y, mask_id):
-    """Replace every response token of the input x with <|mask|>; prompt tokens stay.
-
-    Input position q holds a response token exactly when the target of q-1 does
-    (y is x shifted left, with -1 outside the response)."""
+    """Replace every response token of the input x with <|mask|>; prompt tokens stay. Position q
+    holds a response token when the target of q-1 does (y is x shifted left, -1 outside the response)."""
     is_response = torch.zeros_like(x, dtype=torch.bool)
     is_response[:, 1:] = y[:, :-1] != -1
     return torch.where(is_response, torch.full_like(x, mask_id), x)
 
 
 def per_sequence_mean(ce, where):
-    """(b,) mean of each sequence's values over its True entries of where (b, T);
-    ce holds the values of the True entries, in row-major order."""
+    """(b,) mean of each sequence's values ce (those of where's True entries, row-major) over where (b, T)."""
     per_token = torch.zeros(where.shape, dtype=ce.dtype, device=ce.device)
     per_token[where] = ce
     return per_token.sum(1) / where.sum(1).clamp_min(1)
@@ -66,7 +60,6 @@ def training_mask(T, B, offset, start, device):
 
 def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, offset=0, noisy_weight=None):
     """Returns (loss, noisy_loss, clean_loss) for inputs x and targets y (b, T).
-
     One forward over [noisy | clean] with shared positions. The loss is, per
     sequence, the mean over its response tokens of CE(noisy) + ar_weight *
     CE(clean), then the mean over sequences: a short answer weighs as much as a
@@ -74,10 +67,8 @@ def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, offset=0, noisy_weight=Non
     computed only where there is a target. The noisy stream starts at the block
     of the batch's first target: earlier noisy positions (prompt only) feed no
     loss and no other position, so leaving them out changes nothing but the cost.
-
-    noisy_weight (b,), optional: a weight per sequence on the noisy loss. The
-    paper's "w/o SFT loss" ablation uses ar_weight = 0 with the weights of
-    `no_sft_weights`."""
+    noisy_weight (b,), optional: a weight per sequence on the noisy loss (the paper's
+    "w/o SFT loss" ablation: ar_weight = 0 with the weights of `no_sft_weights`)."""
     b, T = x.shape
     first = int((y != -1).int().argmax(1).min())
     start = max(0, (first + offset) // B * B - offset)
@@ -104,9 +95,8 @@ def no_sft_weights(b, generator=None, device="cpu", eps=1e-3):
 
 
 def ar_loss(model, x, y, per_sequence=False):
-    """Next-token cross-entropy on the response tokens only: the token mean for stage 1
-    (AR SFT, as the official SFT trainer averages), or with per_sequence the mean of each
-    sequence's mean, exactly the clean term of mars_loss (the like-for-like control)."""
+    """Next-token cross-entropy on the response tokens: the token mean for stage 1 (as the official SFT
+    trainer averages), or per_sequence, exactly the clean term of mars_loss (the like-for-like control)."""
     where = y != -1
     ce = F.cross_entropy(model(x, logits_at=where).float(), y[where], reduction="none")
     return per_sequence_mean(ce, where).mean() if per_sequence else ce.mean()
@@ -119,12 +109,9 @@ METRICS = ("prob", "entropy", "margin")
 
 
 def choose(logits, temperature=0.0, metric="prob", generator=None):
-    """Tokens and their confidence in [0, 1] for logits (..., vocab).
-
-    Greedy at temperature 0, else Gumbel-max sampling of softmax(logits / T).
-    The confidence comes from the untempered softmax(logits), as in the
-    official sampler: the temperature changes which token is drawn, not the
-    scale on which tau is read:
+    """Tokens and their confidence in [0, 1] for logits (..., vocab): greedy at temperature 0, else
+    Gumbel-max sampling of softmax(logits / T). The confidence comes from the untempered softmax, as in
+    the official sampler: the temperature changes which token is drawn, not the scale tau is read on:
       prob:    probability of the chosen token
       margin:  top-1 minus top-2 probability
       entropy: 1 - H(p) / log(vocab), so that one rule, conf >= tau, serves all
@@ -150,9 +137,8 @@ def choose(logits, temperature=0.0, metric="prob", generator=None):
 
 
 def accept(conf, tau, max_accept=None):
-    """How many predictions of each window to commit: (b, B) confidences -> (b,).
-
-    The first prediction (the last real token's, i.e. the AR prediction) is
+    """How many predictions of each window to commit: (b, B) confidences -> (b,). The first
+    prediction (the last real token's, i.e. the AR prediction) is
     always committed; then predictions 2, 3, ... left to right while conf >= tau,
     stopping at the first that falls short. tau >= 1 commits exactly one token:
     a float32 probability can round to 1.0, and conf >= 1.0 would take more.

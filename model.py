@@ -1,14 +1,9 @@
-"""A GPT in one file: the decoder of Qwen2 and Llama (RMSNorm, SwiGLU MLP,
-rotary positions, grouped-query attention), explicit position ids and
-attention masks, and a static KV cache.
-
-One class serves our small presets and real checkpoints (hf.py maps the
-Hugging Face names onto it). MARS needs two things a plain GPT hides: position
-ids (the noisy and clean streams share positions 0..T-1) and an arbitrary
-boolean attention mask (the structured [noisy | clean] mask). Both are
-ordinary arguments here. Positions enter only through the rotary embedding of
-queries and keys, so attention sees relative distances, never absolute places.
-Nothing in this file knows about MARS or tokenizers.
+"""A GPT in one file: the decoder of Qwen2 and Llama (RMSNorm, SwiGLU MLP, rotary positions,
+grouped-query attention) and a static KV cache; one class for our presets and real checkpoints
+(extras/hf.py maps the Hugging Face names onto it). MARS needs two things a plain GPT hides, here
+ordinary arguments: position ids (the noisy and clean streams share positions 0..T-1) and any boolean
+attention mask (the [noisy | clean] mask). Positions enter only through the rotary embedding, so
+attention sees relative distances, never absolute places.
 """
 import math
 from dataclasses import dataclass
@@ -42,12 +37,9 @@ class GPTConfig:
 
 
 class KVCache:
-    """Preallocated keys and values (the key/value heads only) for every layer, with a length per batch row.
-
-    The model appends a forward's keys and values at slots lengths[b]..; the
-    caller then keeps what it wants with `rollback` (MARS drops the entries of
-    its mask tokens after every step). Slots beyond a row's length are stale
-    and never attended."""
+    """Preallocated keys and values (key/value heads only) for every layer, with a length per batch row.
+    A forward appends at slots lengths[b]..; the caller keeps what it wants with `rollback` (MARS drops
+    its masks' entries after every step). Slots beyond a row's length are stale and never attended."""
 
     def __init__(self, config, batch_size, max_len, dtype, device):
         shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
@@ -71,10 +63,8 @@ class KVCache:
         self.lengths = self.lengths + [0] * n
 
     def write_plan(self, t, device):
-        """Where a forward of t new tokens writes, which keys it reads, and its mask.
-
-        Query i of row b sits at slot lengths[b] + i and may attend every slot up
-        to and including its own (causal attention over the cache)."""
+        """Where a forward of t new tokens writes, which keys it reads, and its mask: query i of row b
+        sits at slot lengths[b] + i and may attend every slot up to its own (causal over the cache)."""
         lo, hi = min(self.lengths), max(self.lengths)
         if hi + t > self.max_len:
             raise ValueError(f"KV cache overflow: {hi + t} > {self.max_len} slots")
@@ -208,16 +198,10 @@ class GPT(nn.Module):
 
     def forward(self, idx, positions=None, attn_mask=None, cache=None, logits_at=None):
         """Logits for token ids idx (b, t).
-
-        positions: (t,) or (b, t) position ids; default 0..t-1, or each row's
-            cache length onwards when a cache is given. Only differences matter:
-            adding a constant to every position leaves the logits unchanged.
-        attn_mask: bool (t, t) or (b, t, t), True = may attend; default causal.
-            Not combined with a cache (a cached forward is causal over its slots).
+        positions: (t,) or (b, t); default 0..t-1, or each row's cache length onwards (only differences matter).
+        attn_mask: bool (t, t) or (b, t, t), True = may attend; default causal; never with a cache.
         cache: a KVCache; this forward appends its keys and values to it.
-        logits_at: bool (b, t); when given, return logits (n, vocab) only where it
-            is True (row-major order), since training and sampling need few of them.
-        """
+        logits_at: bool (b, t): return logits (n, vocab) only where True (row-major), as few are needed."""
         b, t = idx.shape
         plan = None
         if cache is not None:

@@ -12,7 +12,6 @@ commit the same tokens in the same forwards).
 """
 import argparse
 import json
-import os
 import sys
 
 import torch
@@ -20,9 +19,7 @@ import torch
 import data
 import engine
 import mars
-import tokenizer
-from cli import Parser, UserError, check_device, run_cli
-from model import GPT, GPTConfig
+from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli, threshold
 
 
 @torch.inference_mode()
@@ -57,56 +54,7 @@ def generate(model, prompt, eot_id, mask_id, B, tau=0.9, max_new_tokens=64):
 
 
 # ---------------------------------------------------------------------------
-# Checkpoints
-
-
-def load_checkpoint(path, device="cpu", dtype=None):
-    """The checkpoint dict, or UserError with a one-line reason. `path` is one of our .pt files or a
-    Hugging Face model directory (hf.read_checkpoint: weights in dtype, default float32)."""
-    check_device(device)
-    if os.path.isdir(path):
-        from extras import hf  # Hugging Face formats load only on this path
-        try:
-            return hf.read_checkpoint(path, device, dtype)
-        except (ValueError, OSError, KeyError) as e:
-            raise UserError(f"{path}: {e}") from None
-    if not os.path.isfile(path):
-        raise UserError(f"checkpoint not found: {path} (train one with: python train.py)")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-        assert isinstance(ckpt, dict) and {"model", "model_config", "tokenizer"} <= ckpt.keys()
-        return ckpt
-    except Exception:
-        raise UserError(f"not a readable checkpoint of this project: {path}") from None
-
-
-def model_from_checkpoint(ckpt, device="cpu", dtype=None):
-    """(model, tokenizer). The model takes the checkpoint's tensors (built on the meta device, so a
-    7B model is never initialised at random first), then moves to device and dtype."""
-    try:
-        with torch.device("meta"):
-            model = GPT(GPTConfig(**ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"], assign=True)
-    except (TypeError, RuntimeError):  # e.g. a checkpoint of the earlier GPT with learned positions
-        raise UserError("this checkpoint's weights do not fit this version's GPT (rotary positions): retrain it "
-                        "with python train.py") from None
-    if model.config.tie_embeddings:  # assign replaced the shared parameter by two
-        model.lm_head.weight = model.wte.weight
-    return model.to(device=device, dtype=dtype), tokenizer.Tokenizer.from_state(ckpt["tokenizer"])
-
-
-# ---------------------------------------------------------------------------
 # The command line
-
-def threshold(text):
-    try:
-        tau = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < tau <= 1 or torch.tensor(tau, dtype=torch.float32) == 0:  # decoding compares in float32
-        raise argparse.ArgumentTypeError(f"must be in (0, 1] (and above 0 in float32), got {tau}")
-    return tau
-
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -166,10 +114,8 @@ def show(tok, example, g, as_json, colour):
                           "chunks": [tok.decode(c) for c in g.chunks], "ids": g.tokens}))
         return correct
     pieces = [tok.decode([t for t in c if t != tok.eot]) for c in g.chunks]
-    if colour:  # alternate two colours, one per forward
-        body = "".join(f"\033[{33 if i % 2 else 36}m{p}\033[0m" for i, p in enumerate(pieces))
-    else:
-        body = "|".join(pieces)
+    # two alternating colours on a terminal, else "|": one piece per forward
+    body = "".join(f"\033[{36 - 3 * (i % 2)}m{p}\033[0m" for i, p in enumerate(pieces)) if colour else "|".join(pieces)
     verdict = "" if correct is None else "  right" if correct else f"  wrong, expected: {example['answer']}"
     print(f"> {example['prompt']}\n{body}\n  [{n} tokens, {g.steps} forwards, {stats['tokens_per_forward']:.2f} "
           f"tokens/forward, {stats['tokens_per_second']:.0f} tokens/s]{verdict}\n", flush=True)
@@ -226,8 +172,7 @@ def main(argv=None):
     if args.chat:
         return chat(answer, args.tau, f"{args.ckpt} (B={B})")
     if args.prompt:
-        answer([{"prompt": p} for p in args.prompt], args.tau)
-        return
+        return answer([{"prompt": p} for p in args.prompt], args.tau)
     cfg = ckpt["train_config"]
     test = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["test"][:args.num_prompts]
     right = answer(test, args.tau)

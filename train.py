@@ -25,10 +25,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import data
 import mars
 import tokenizer
-from cli import Parser, UserError, check_device, run_cli
+from cli import Parser, UserError, check_device, load_checkpoint, model_from_checkpoint, run_cli
 from engine import generate_batch
 from model import GPT, GPTConfig
-from sample import load_checkpoint, model_from_checkpoint
 
 # One source of truth for every number: flags override single entries. A real model's recipe: extras/hf_train.py.
 TOY = dict(warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
@@ -104,10 +103,9 @@ def resolve(p, args):
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     args.data = args.data and os.path.abspath(args.data)  # the checkpoint must find it from anywhere
-    counts = (args.block_size, args.ar_iters, args.mars_iters, args.eval_every, args.save_every, args.batch_size)
-    if min(n for n in counts + (args.buckets,) if n is not None) < 1:
-        p.error("--block_size, --ar_iters, --mars_iters, --eval_every, --save_every, --batch_size, --buckets "
-                "must be >= 1")
+    counts = ("block_size", "ar_iters", "mars_iters", "eval_every", "save_every", "batch_size", "buckets")
+    if any(getattr(args, k) is not None and getattr(args, k) < 1 for k in counts):
+        p.error(f"--{', --'.join(counts)} must be >= 1")
     if not args.from_hf and (args.n_embd % args.n_head or (args.n_embd // args.n_head) % 2):
         p.error("--n_embd must split into --n_head heads of an even width (rotary positions rotate pairs)")
     if (args.ar_weight or 0) < 0 or (args.no_sft and args.ar_weight is not None):
@@ -122,10 +120,10 @@ def from_hf(path):
     (it carries "hf"; read with mmap, so its tensors stay on disk)."""
     if path is None or os.path.isdir(path):
         return path is not None
-    try:
+    try:  # a missing or unreadable file is reported when the stage loads it
         return "hf" in torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception:
-        return False  # a missing or unreadable file is reported when the stage loads it
+        return False
 
 
 def stage2_flags(args):
@@ -140,12 +138,9 @@ def lr_at(it, peak, warmup_frac, iters):
     return peak * 0.5 * (1 + math.cos(math.pi * (it - warmup) / max(1, iters - warmup)))
 
 
-# ---------------------------------------------------------------------------
-# One stage: every stage runs the same loop; only the loss differs
-
-
 class Stage:
-    """A stage's loop and what it keeps: rows in length buckets, optimizer, batch order, log.
+    """One stage (every stage runs this loop; only the loss differs) and what it keeps: rows in
+    length buckets, optimizer, batch order, log.
     hf: what the checkpoint records of the Hugging Face model the run started from (None for the toy)."""
 
     def __init__(self, name, model, tok, splits, args, dist_info, state=None, hf=None):
@@ -260,8 +255,7 @@ class Stage:
         args, previous = self.args, self.history[-1]["elapsed_s"] if self.history else 0.0
         interrupt, handler = [], signal.signal(signal.SIGINT, lambda *_: interrupt.append(1))
         try:
-            t0 = t_last = time.time()
-            tokens = 0
+            t0, t_last, tokens = time.time(), time.time(), 0
             for it in range(self.start, self.iters):
                 record, n = self.step(it)
                 tokens, last = tokens + n, it + 1 == self.iters
@@ -286,9 +280,11 @@ class Stage:
         finally:
             signal.signal(signal.SIGINT, handler)
         if self.rank == 0 and self.history:  # the last record: validation accuracy and the stage's wall time
-            if self.val_examples:
-                B = args.block_size if self.name == "mars" else 1
-                self.history[-1].update(validation_accuracy(self.model, self.tok, self.val_examples, B))
+            if self.val_examples:  # what a recipe is chosen on (the test split only reports); MARS at tau = 1.0
+                r = score(self.model, self.tok, self.val_examples, B=args.block_size if self.name == "mars" else 1)
+                print(f"validation accuracy {100 * r['accuracy']:.1f}% on {r['n']} prompts: "
+                      + ", ".join(f"{k} {100 * v:.0f}" for k, v in r["per_task"].items()), flush=True)
+                self.history[-1].update(val_accuracy=r["accuracy"], val_per_task=r["per_task"])
             self.history[-1]["stage_seconds"] = round(previous + time.time() - self.t_created, 2)
             write_log_and_plot(self.name, self.history, args.out_dir)
 
@@ -299,10 +295,6 @@ class Stage:
         parts = " ".join(f"{k} {v:.3f}" for k, v in record.items() if k not in ("iter", "lr", "elapsed_s"))
         print(f"{self.name} {record['iter']}/{self.iters} | {parts} | lr {record['lr']:.2e} | {tokens_per_s:,.0f} "
               f"tok/s | ETA stage {eta / 60:.1f} min, run {run / 60:.1f} min", flush=True)
-
-
-# ---------------------------------------------------------------------------
-# Validation accuracy and the closing summary
 
 
 def score(model, tok, examples, B=1, tau=1.0):
@@ -323,30 +315,20 @@ def score(model, tok, examples, B=1, tau=1.0):
             "per_task": {f: round(sum(r) / len(r), 4) for f, r in per_task.items()}}
 
 
-def validation_accuracy(model, tok, examples, B):
-    """Greedy accuracy on the validation prompts, overall and per family: what a recipe or data mix is
-    chosen on (the test split only reports). A MARS stage decodes with its B at tau = 1.0."""
-    r = score(model, tok, examples, B=B)
-    print(f"validation accuracy {100 * r['accuracy']:.1f}% on {r['n']} prompts: "
-          + ", ".join(f"{k} {100 * v:.0f}" for k, v in r["per_task"].items()), flush=True)
-    return {"val_accuracy": r["accuracy"], "val_per_task": r["per_task"]}
-
-
 def summary(out_dir, test, device):
     """The closing check: held-out accuracy of stage 1 and of MARS at tau = 1.0 and 0.9 -> summary.json
     (the paper's tables in full, with intervals: python -m extras.eval)."""
     if not test:
         return print("no held-out test examples in this data: skipping the summary")
-    ar, tok = model_from_checkpoint(load_checkpoint(os.path.join(out_dir, "ar.pt"), device), device)
-    ckpt = load_checkpoint(os.path.join(out_dir, "mars.pt"), device)
-    (model, mtok), B = model_from_checkpoint(ckpt, device), ckpt["mars"]["B"]
-    rows = [("stage 1 (AR SFT)", None, score(ar, tok, test))]
-    rows += [(f"MARS tau={tau}", tau, score(model, mtok, test, B=B, tau=tau)) for tau in (1.0, 0.9)]
     print(f"\nheld-out test set ({len(test)} prompts)\n| model | accuracy | tokens/forward |\n|---|---|---|")
-    for name, _, r in rows:
+    rows = []
+    for name, stage, tau in [("stage 1 (AR SFT)", "ar", None), ("MARS tau=1.0", "mars", 1.0), ("MARS tau=0.9", "mars", 0.9)]:
+        ckpt = load_checkpoint(os.path.join(out_dir, f"{stage}.pt"), device)
+        r = score(*model_from_checkpoint(ckpt, device), test, B=ckpt.get("mars", {}).get("B", 1), tau=tau or 1.0)
+        rows.append({"model": name, "threshold": tau, **r})
         print(f"| {name} | {100 * r['accuracy']:.1f}% | {r['tokens_per_forward']:.2f} |")
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump([{"model": name, "threshold": tau, **r} for name, tau, r in rows], f, indent=1)
+        json.dump(rows, f, indent=1)
 
 
 def write_log_and_plot(stage, history, out_dir):
@@ -355,19 +337,12 @@ def write_log_and_plot(stage, history, out_dir):
     from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
     fig = Figure(figsize=(6, 4))
     ax = fig.subplots()
-    for key in ("loss", "noisy", "clean"):
-        if key in history[-1]:
-            ax.plot([h["iter"] for h in history], [h[key] for h in history], label=f"train {key}", lw=0.8)
-    val = [h for h in history if "val_loss" in h]
-    ax.plot([h["iter"] for h in val], [h["val_loss"] for h in val], "o-", label="val loss")
+    for key in [k for k in ("loss", "noisy", "clean", "val_loss") if k in history[-1]]:
+        points = [(h["iter"], h[key]) for h in history if key in h]
+        ax.plot(*zip(*points), "o-" if key == "val_loss" else "-", label=key, lw=0.8)
     ax.set(xlabel="step", ylabel="cross-entropy", yscale="log", title=f"stage {stage}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, f"{stage}_loss.png"), dpi=100)
-
-
-# ---------------------------------------------------------------------------
-# The run: which stages, where each starts
+    fig.savefig(os.path.join(out_dir, f"{stage}_loss.png"), dpi=100, bbox_inches="tight")
 
 
 def plan_stages(args, say):

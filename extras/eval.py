@@ -45,9 +45,8 @@ import torch
 
 import data
 import mars
-from cli import Parser, UserError, run_cli
+from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli
 from engine import generate_batch
-from sample import load_checkpoint, model_from_checkpoint
 from extras.eval_report import markdown, plot
 from extras.stats import paired, wilson
 

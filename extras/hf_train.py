@@ -9,8 +9,7 @@ import math
 import os
 
 import data
-from cli import UserError
-from sample import load_checkpoint, model_from_checkpoint
+from cli import UserError, load_checkpoint, model_from_checkpoint
 
 # The paper's recipe for a real instruct model (the default preset when --init_from is a Hugging Face directory;
 # the model's shape comes from its config.json): lr 5e-6 in both stages, linear warmup 3% then cosine to zero,

@@ -41,11 +41,10 @@ import numpy as np
 import torch
 
 import data
-from cli import Parser, UserError, run_cli
+from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli, threshold
 from extras.eval import machine
 from extras.serve_report import goals, markdown, plot
 from engine import Engine, Request, decode_step
-from sample import load_checkpoint, model_from_checkpoint, threshold
 
 # the trace: (phase, arrival rate as a multiple of the tau = 1.0 capacity), equal durations
 PHASES = (("light", 0.5), ("overload", 1.3), ("recovery", 0.5))

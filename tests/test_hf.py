@@ -137,7 +137,7 @@ def dirs(tmp_path_factory):
 
 
 def ours(path):
-    return sample.model_from_checkpoint(hf.read_checkpoint(path))
+    return cli.model_from_checkpoint(hf.read_checkpoint(path))
 
 
 def reference(path):
@@ -201,7 +201,7 @@ def test_ar_greedy_generation_through_the_chat_template(dirs, kind, capsys):
 def test_mars_release_threshold_lossless_caches_chat(dirs, capsys, monkeypatch):
     ckpt = hf.read_checkpoint(dirs["mars"])
     assert ckpt["mars"] == {"B": 4} and ckpt["hf"]["model_type"] == "a2d-qwen2" and "train_config" not in ckpt
-    _, tok = sample.model_from_checkpoint(ckpt)
+    _, tok = cli.model_from_checkpoint(ckpt)
     _, plain = ours(dirs["qwen2"])
     assert tok.mask == plain.mask == plain.n_vocab - 1 and tok.decode([tok.mask]) == "<|mask|>"
     want = hf_greedy(dirs["qwen2"], plain)  # the same weights, as transformers' Qwen2
@@ -307,7 +307,7 @@ def toy_checkpoint(qkv_bias, tie, spare_rows=2):
 
 
 def assert_exported_equal(ckpt, out):
-    model, tok = sample.model_from_checkpoint(ckpt)
+    model, tok = cli.model_from_checkpoint(ckpt)
     ref = reference(out)
     assert type(ref).__name__ == ("Qwen2ForCausalLM" if model.config.qkv_bias else "LlamaForCausalLM")
     ids = torch.randint(0, tok.n_vocab, (2, 20), generator=torch.Generator().manual_seed(2))
@@ -346,7 +346,7 @@ def test_export_pad_token_keeps_left_padded_batches_exact(tmp_path, spare_rows):
     comes from the tokenizer's padding or, as in the official samplers, from ids != pad_token_id."""
     ckpt = toy_checkpoint(qkv_bias=False, tie=spare_rows == 0, spare_rows=spare_rows)  # 0: as train.py's toy
     hf.export(ckpt, tmp_path)
-    model, tok = sample.model_from_checkpoint(ckpt)
+    model, tok = cli.model_from_checkpoint(ckpt)
     pad = json.loads((tmp_path / "config.json").read_text())["pad_token_id"]
     hftok = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert pad == tok.n_vocab == hftok.pad_token_id == json.loads((tmp_path / "generation_config.json").read_text())[
@@ -470,7 +470,7 @@ def test_real_checkpoint():
     """E.g. MARS_HF_CKPT=~/models/MARS-Qwen2.5-0.5B-blk4: logits, tokenizer, template and greedy ids as transformers'."""
     path = os.environ["MARS_HF_CKPT"]
     ckpt = hf.read_checkpoint(path)
-    model, tok = sample.model_from_checkpoint(ckpt)
+    model, tok = cli.model_from_checkpoint(ckpt)
     ref = transformers.Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32) if ckpt["hf"]["model_type"] == \
         "a2d-qwen2" else reference(path)
     hftok = transformers.AutoTokenizer.from_pretrained(path)

@@ -69,7 +69,7 @@ def test_only_the_last_assistant_turn_is_trained(qwen):
     everything after apply_chat_template(messages[:-1], add_generation_prompt=True), here without the
     newline Qwen's template writes after <|im_end|>, then <|im_end|> padding up to a multiple of B."""
     path, _, _ = qwen
-    _, tok = sample.model_from_checkpoint(sample.load_checkpoint(str(path)))
+    _, tok = cli.model_from_checkpoint(cli.load_checkpoint(str(path)))
     hftok = transformers.AutoTokenizer.from_pretrained(path)
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say 3."},
             {"role": "assistant", "content": "3"}, {"role": "user", "content": "What is 3 plus 3?"},
@@ -94,7 +94,7 @@ def test_only_the_last_assistant_turn_is_trained(qwen):
 
 def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, mars_run, tmp_path, capsys):
     path, _, _ = qwen
-    ckpt = sample.load_checkpoint(str(mars_run))
+    ckpt = cli.load_checkpoint(str(mars_run))
     cfg = ckpt["train_config"]
     # the recipe is the default for a Hugging Face directory, and flags override single values
     assert cfg["preset"] == "hf" and cfg["lr"] == cfg["mars_lr"] == 5e-6 and cfg["warmup"] == 0.03
@@ -102,7 +102,7 @@ def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, m
     # rows of at most 512 tokens (the recipe), within the model's context (256 here)
     assert cfg["max_seq_len"] == 256 and cfg["mars_iters"] == 3 and cfg["micro_batch"] == 2
     assert ckpt["mars"]["B"] == 4 and ckpt["stage"] == "mars" and ckpt["done"] and ckpt["hf"]["model_type"] == "qwen2"
-    source = sample.load_checkpoint(str(path))
+    source = cli.load_checkpoint(str(path))
     assert ckpt["model_config"] == source["model_config"]  # the shape comes from config.json
     assert ckpt["tokenizer"] == source["tokenizer"]  # self-contained: vocabulary, specials, chat template
     moved = [k for k in source["model"] if not torch.equal(source["model"][k], ckpt["model"][k])]
@@ -110,7 +110,7 @@ def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, m
     assert max((source["model"][k] - ckpt["model"][k]).abs().max() for k in moved) < 1e-3  # at lr 5e-6
     assert all(len(h) and torch.isfinite(torch.tensor(h["loss"])) for h in ckpt["history"])
     # it samples (AR and MARS), and its export generates in transformers what sample.py --ar generates
-    _, tok = sample.model_from_checkpoint(ckpt)
+    _, tok = cli.model_from_checkpoint(ckpt)
     want = []
     for flags in (["--ar"], ["--threshold", "0.5"]):
         capsys.readouterr()
@@ -127,7 +127,7 @@ def test_continued_ar_sft_on_a_hugging_face_directory(qwen):
     path, jsonl, root = qwen
     run_train("--stage", "ar", "--init_from", path, "--data", jsonl, "--out_dir", root / "ar", "--device", "cpu",
               "--ar_iters", 2, "--batch_size", 2, "--micro_batch", 1, "--dtype", "float32")
-    ckpt = sample.load_checkpoint(str(root / "ar" / "ar.pt"))
+    ckpt = cli.load_checkpoint(str(root / "ar" / "ar.pt"))
     assert ckpt["stage"] == "ar" and "mars" not in ckpt and "hf" in ckpt and ckpt["train_config"]["ar_iters"] == 2
     assert trained_from_hf_is_recipe(root / "ar" / "ar.pt")
 

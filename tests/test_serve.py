@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-import sample
+import cli
 from engine import Engine, generate_batch
 from extras import serve
 from conftest import EOT, MASK, assert_one_line_error, random_model, random_prompts, run_cli
@@ -48,7 +48,7 @@ def test_engine_equals_generate_alone_random_model():
 
 
 def test_engine_equals_generate_alone_tiny_checkpoint(tiny_run, splits):
-    model, tok = sample.model_from_checkpoint(sample.load_checkpoint(tiny_run / "mars.pt"))
+    model, tok = cli.model_from_checkpoint(cli.load_checkpoint(tiny_run / "mars.pt"))
     model.eval()
     prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"][:8]]
     taus = [0.9, 1.0, 0.5, 0.8, 1.0, 0.3, 0.9, 0.6]

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
+import cli
 import sample
 from engine import Engine
 from extras import serve, server
@@ -30,8 +31,8 @@ MAX_NEW = 24
 
 @pytest.fixture(scope="module")
 def loaded(tiny_run):
-    ckpt = sample.load_checkpoint(tiny_run / "mars.pt")
-    model, tok = sample.model_from_checkpoint(ckpt)
+    ckpt = cli.load_checkpoint(tiny_run / "mars.pt")
+    model, tok = cli.model_from_checkpoint(ckpt)
     return model.eval(), tok, ckpt["mars"]["B"]
 
 
@@ -332,7 +333,7 @@ def slow(tiny_run):
     """slow(seconds): (model, tok) of the tiny checkpoint, each forward that much slower: time to hang up
     mid-answer, to fill the queue, or to outlast the shutdown's grace."""
     def load(seconds):
-        model, tok = sample.model_from_checkpoint(sample.load_checkpoint(tiny_run / "mars.pt"))
+        model, tok = cli.model_from_checkpoint(cli.load_checkpoint(tiny_run / "mars.pt"))
         forward = model.eval().forward
         model.forward = lambda *a, **k: (time.sleep(seconds), forward(*a, **k))[1]
         return model, tok

@@ -14,7 +14,7 @@ import torch
 
 import data
 import mars
-import sample
+import cli
 import train
 from conftest import ONE_THREAD, ROOT, assert_one_line_error, run_cli
 
@@ -29,7 +29,7 @@ def assert_checkpoint(path, stage, done=True):
     ckpt = load(path)
     assert {"model", "model_config", "tokenizer", "train_config"} <= ckpt.keys()
     assert ckpt["stage"] == stage and ckpt["done"] is done
-    model, tok = sample.model_from_checkpoint(ckpt)  # weights, config and tokenizer fit together
+    model, tok = cli.model_from_checkpoint(ckpt)  # weights, config and tokenizer fit together
     assert model.config.vocab_size == tok.n_vocab
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
     return ckpt
@@ -58,7 +58,7 @@ def test_each_stage_logs_its_validation_accuracy(tiny_run):
     val = data.build_instruction_set(0, train.PRESETS["tiny"]["n_train"])["val"][:train.PRESETS["tiny"]["summary_limit"]]
     for stage, B in (("ar", 1), ("mars", 4)):
         last = json.loads((tiny_run / f"{stage}_log.json").read_text())[-1]
-        model, tok = sample.model_from_checkpoint(load(tiny_run / f"{stage}.pt"))
+        model, tok = cli.model_from_checkpoint(load(tiny_run / f"{stage}.pt"))
         r = score(model.eval(), tok, val, B=B, tau=1.0)
         assert last["val_accuracy"] == r["accuracy"]
         assert last["val_per_task"] == {k: round(v["accuracy"], 4) for k, v in r["per_task"].items()}
