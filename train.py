@@ -34,9 +34,10 @@ TOY = dict(warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, max_seq_len=64, vocab_size=512, n_train=4000, summary_limit=40,
                  batch_size=16, ar_iters=60, mars_iters=60, lr=3e-3, mars_lr=3e-3, eval_every=30, save_every=30, **TOY),
+    # cpu: bf16 autocast and 5,000 stage-1 steps, chosen on validation (docs/recipe_search_cpu.json)
     "cpu": dict(n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048, n_train=40000, summary_limit=None,
-                batch_size=32, ar_iters=3000, mars_iters=2400, lr=2e-3, mars_lr=2e-3, eval_every=200, save_every=200,
-                **TOY),
+                batch_size=32, ar_iters=5000, mars_iters=2400, lr=2e-3, mars_lr=2e-3, eval_every=200, save_every=200,
+                dtype="bfloat16", **TOY),
     "gpu": dict(n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000, summary_limit=None,
                 batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3, eval_every=500, save_every=500,
                 **TOY),
@@ -70,7 +71,8 @@ def get_args(argv=None):
     p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cuda when available)")
     p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batch order")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="autocast precision (default bfloat16 on CUDA)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="autocast precision of training (default: the "
+                   "preset's, else bfloat16 on CUDA); weights, optimizer and decoding stay float32")
     p.add_argument("--buckets", type=int, default=16, help="length buckets; a batch comes from one, so it has "
                                                            "little padding (default 16; 1: uniform batches)")
     p.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (default 1.0)")

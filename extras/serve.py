@@ -249,7 +249,7 @@ def summarise(reqs, steps, start, end, slo, tok):
 
 
 # ---------------------------------------------------------------------------
-# Over HTTP: the server (extras/server.py), and the trace sent to it by real clients
+# Over HTTP: the server (extras/server.py); the trace sent to it by real clients is extras/load_http.py
 
 def http_serve(args):
     from extras.server import Server  # the HTTP stack loads only when asked for
@@ -261,60 +261,6 @@ def http_serve(args):
     how = f"adaptive tau {args.ladder}" if args.adaptive else f"tau {args.tau} unless a request says"
     print(f"serving {args.ckpt} (B = {B}, {how}) on {httpd.url}/ ; Ctrl-C stops", flush=True)
     httpd.serve_forever()
-
-
-def summarise_http(recs, start, end, slo):
-    """summarise's metrics, from what the clients saw."""
-    lat, ttft = [r.finish - r.arrival for r in recs], [r.first_token - r.arrival for r in recs]
-    tokens, forwards = sum(r.usage["completion_tokens"] for r in recs), sum(r.usage["forwards"] for r in recs)
-    pct = lambda xs, q: float(np.percentile(xs, q))
-    return dict(requests=len(recs), p50_latency=pct(lat, 50), p99_latency=pct(lat, 99), p50_ttft=pct(ttft, 50),
-                p99_ttft=pct(ttft, 99), tokens_per_second=tokens / (end - start),
-                goodput=sum(x <= slo for x in lat) / (end - start), tokens_per_forward=tokens / forwards,
-                mean_tau=sum(r.usage["tau"] * r.usage["forwards"] for r in recs) / forwards,
-                accuracy=sum(data.check(r.example, r.text) for r in recs) / len(recs))
-
-
-def http_load(args):
-    """The three-phase trace sent by one HTTP client per request, on the wall clock, at tau = 1.0 and adaptive.
-    The capacity that sets the rates is measured in-process, so the HTTP overhead makes the overload heavier."""
-    from extras.server import Server, drive  # the HTTP stack loads only when asked for
-    model, tok, B, ckpt = load_mars(args.ckpt, args.device, args.dtype)
-    test, calib = prompts_for_load(ckpt, tok, min(model.config.max_seq_len, args.max_context), args.max_batch,
-                                   args.data)
-    t0 = time.perf_counter()
-    cap, _, slo = calibrate(model, tok, calib, B, args, WallClock)
-    seconds = args.requests / (cap * sum(m for _, m in PHASES))
-    phases = [(name, m * cap, seconds) for name, m in PHASES]
-    trace = make_trace(test, phases, args.seed)
-    # the experiment measures queueing, not refusals: every request is let in
-    args.port, args.max_queue, args.max_connections = 0, len(trace) + 1, len(trace) + 64
-    runs, whole = [], []
-    for label, policy in {"tau=1.0": Fixed(1.0), "adaptive": Adaptive(ladder=tuple(args.ladder))}.items():
-        engine = Engine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens, n_vocab=tok.n_vocab,
-                        max_context=args.max_context)
-        httpd = Server(engine, tok, policy, args)
-        httpd.start()
-        t_run = time.perf_counter()
-        try:
-            recs = drive(httpd.url, trace, args.max_new_tokens)
-        finally:
-            httpd.stop()
-        runs += by_phase(label, recs, phases, lambda rs, a, b: summarise_http(rs, a, b, slo))
-        whole.append(runs.pop())
-        print(f"  http {label:9s} {len(trace):4d} requests in {time.perf_counter() - t_run:5.1f}s", file=sys.stderr,
-              flush=True)
-    result = {"clock": "wall, over HTTP", "p99_goal": 0.5, "max_batch": args.max_batch, "slo_seconds": slo,
-              "machine": machine(), "runs": runs, "whole_trace": whole, "ckpt": args.ckpt, "B": B, "ladder": args.ladder,
-              "capacity": {"tau=1.0": cap}, "phases": [{"phase": n, "rate": r, "seconds": s} for n, r, s in phases],
-              "seed": args.seed}
-    result["goals"] = goals(result)
-    os.makedirs(args.out_dir, exist_ok=True)
-    path = os.path.join(args.out_dir, "serve_http.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    print(markdown(result))
-    print(f"done in {time.perf_counter() - t0:.0f}s: {path}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------
@@ -419,7 +365,10 @@ def prompts_for_load(ckpt, tok, max_seq, max_batch, data_path=None):
 def main(argv=None):
     args = get_args(argv)
     if args.http or args.http_load:
-        return (http_serve if args.http else http_load)(args)
+        if args.http_load:
+            from extras.load_http import http_load  # the HTTP stack loads only when asked for
+            return http_load(args)
+        return http_serve(args)
     model, tok, B, ckpt = load_mars(args.ckpt, args.device, args.dtype)
     test, calib = prompts_for_load(ckpt, tok, min(model.config.max_seq_len, args.max_context), args.max_batch,
                                    args.data)

@@ -1,5 +1,5 @@
-"""An OpenAI-compatible HTTP server on the continuous-batching engine (engine.py), its page, and the
-clients of the load experiment over HTTP: `python -m extras.serve --http` or `--http_load` (see --help).
+"""An OpenAI-compatible HTTP server on the continuous-batching engine (engine.py) and its page:
+`python -m extras.serve --http` (see --help); extras/load_http.py sends it the load experiment.
 
 uvicorn speaks HTTP (h11) and Starlette routes. One engine thread owns the model and runs Engine.step
 as the load experiment does; a request waits on an asyncio queue that the thread feeds, one event per
@@ -10,7 +10,6 @@ Our extensions: "tau" and "lossless" in the body; "forwards", "tokens_per_forwar
 in the usage; "mars" (tokens, tau) in each streamed forward.
 """
 import asyncio
-import http.client
 import json
 import os
 import resource
@@ -20,7 +19,6 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -43,6 +41,7 @@ from engine import Request
 MAX_BODY = 1 << 20  # bytes of a request body; a longer one is read no further than 16x that, then 413
 BACKLOG = 2048  # connections the kernel queues before they are accepted: a burst of clients is never reset
 GRACE = 3.0  # seconds the requests in flight get to finish at shutdown
+MAX_DEPTH = 16  # levels of JSON nesting in a body (a chat request has 4)
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web", "index.html")
 
 
@@ -218,9 +217,16 @@ async def read_json(request):
     if size > MAX_BODY:
         raise ApiError(413, f"the body is over the limit of {MAX_BODY} bytes")
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError):  # RecursionError: nested too deep
+        value = json.loads(body)
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
         raise ApiError(400, "the body is not valid JSON (or nested too deeply)") from None
+    level, depth = [value], 0
+    while level:  # how deep, without recursion: a request is a few levels deep
+        depth, level = depth + 1, [v for x in level if isinstance(x, (list, dict))
+                                   for v in (x.values() if isinstance(x, dict) else x)]
+        if depth > MAX_DEPTH:
+            raise ApiError(400, f"the body is nested too deeply (at most {MAX_DEPTH} levels)")
+    return value
 
 
 # ---------------------------------------------------------------------------
@@ -444,49 +450,3 @@ class Server(uvicorn.Server):
         self.should_exit = True
         self.thread.join()
         self.worker.join(GRACE)
-
-
-# ---------------------------------------------------------------------------
-# The clients of the load experiment over HTTP (serve.py --http_load)
-
-def send(url, rec, max_tokens, t0):
-    """One client: a streamed chat completion; fills rec with its times (s since t0), text and usage."""
-    u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
-    body = {"messages": [{"role": "user", "content": rec.example["prompt"]}], "max_tokens": max_tokens, "stream": True}
-    try:
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            rec.error = resp.read().decode()
-            return
-        for line in resp:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                rec.error = event["error"]["message"]
-            elif event.get("usage"):
-                rec.usage, rec.finish = event["usage"], time.perf_counter() - t0
-            else:
-                rec.first_token = rec.first_token or time.perf_counter() - t0
-                rec.text += event["choices"][0]["delta"].get("content", "")
-    finally:
-        conn.close()
-
-
-def drive(url, trace, max_tokens):
-    """Open loop: each (arrival, example) is sent at its time by its own client thread, whatever the others wait."""
-    recs = [SimpleNamespace(arrival=a, example=e, first_token=None, finish=None, text="", usage=None, error=None)
-            for a, e in trace]
-    threads, t0 = [], time.perf_counter()
-    for rec in recs:
-        time.sleep(max(0.0, rec.arrival - (time.perf_counter() - t0)))
-        threads.append(threading.Thread(target=send, args=(url, rec, max_tokens, t0), daemon=True))
-        threads[-1].start()
-    for t in threads:
-        t.join()
-    failed = [r for r in recs if r.error or r.usage is None]
-    if failed:
-        raise UserError(f"{len(failed)} of {len(recs)} HTTP requests failed, e.g.: {failed[0].error}")
-    return recs

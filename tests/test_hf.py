@@ -21,6 +21,7 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, tra
 
 import tokenizer
 from extras import hf, hf_tokenizer
+import cli
 from cli import UserError
 import engine
 import sample
@@ -163,7 +164,7 @@ def test_logits_equal_transformers_with_shifted_positions_and_cache(dirs, kind):
         assert (got - want).abs().max() < 1e-4
 
 
-def cli(capsys, path, *flags, prompt="Hello café 日本 😀 12345", stdin=None, monkeypatch=None):
+def run_sample(capsys, path, *flags, prompt="Hello café 日本 😀 12345", stdin=None, monkeypatch=None):
     """sample.main in-process (as `python sample.py --json ...`); the ids of each answer."""
     capsys.readouterr()
     args = ["--ckpt", str(path), "--json", "--max_new_tokens", "12", "--device", "cpu", *flags]
@@ -195,7 +196,7 @@ def test_ar_greedy_generation_through_the_chat_template(dirs, kind, capsys):
     _, tok = ours(dirs[kind])
     want = hf_greedy(dirs[kind], tok)
     assert len(want) == 12 and any(t != want[0] for t in want)
-    assert cli(capsys, dirs[kind], "--ar") == [want]
+    assert run_sample(capsys, dirs[kind], "--ar") == [want]
 
 
 def test_mars_release_threshold_lossless_caches_chat(dirs, capsys, monkeypatch):
@@ -205,12 +206,12 @@ def test_mars_release_threshold_lossless_caches_chat(dirs, capsys, monkeypatch):
     _, plain = ours(dirs["qwen2"])
     assert tok.mask == plain.mask == plain.n_vocab - 1 and tok.decode([tok.mask]) == "<|mask|>"
     want = hf_greedy(dirs["qwen2"], plain)  # the same weights, as transformers' Qwen2
-    assert cli(capsys, dirs["mars"], "--ar") == [want]
+    assert run_sample(capsys, dirs["mars"], "--ar") == [want]
     for flags in [("--threshold", "1.0"), ("--threshold", "1.0", "--cache", "block"), ("--threshold", "1.0", "--cache", "none"),
                   ("--lossless",), ("--lossless", "--cache", "none"), ("--ar", "--cache", "block"), ("--ar", "--cache", "none")]:
-        assert cli(capsys, dirs["mars"], *flags) == [want], flags
-    assert cli(capsys, dirs["mars"], "--threshold", "1.0", stdin="Hello café 日本 😀 12345\n", monkeypatch=monkeypatch) == [want]
-    got = cli(capsys, dirs["mars"], "--threshold", "0.01")[0]  # accepts several per forward: only real tokens
+        assert run_sample(capsys, dirs["mars"], *flags) == [want], flags
+    assert run_sample(capsys, dirs["mars"], "--threshold", "1.0", stdin="Hello café 日本 😀 12345\n", monkeypatch=monkeypatch) == [want]
+    got = run_sample(capsys, dirs["mars"], "--threshold", "0.01")[0]  # accepts several per forward: only real tokens
     assert len(got) == 12 and all(t < tok.n_vocab and t != tok.mask for t in got)
 
 
