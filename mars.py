@@ -138,11 +138,10 @@ def choose(logits, temperature=0.0, metric="prob", generator=None):
 
 def accept(conf, tau, max_accept=None):
     """How many predictions of each window to commit: (b, B) confidences -> (b,). The first
-    prediction (the last real token's, i.e. the AR prediction) is
-    always committed; then predictions 2, 3, ... left to right while conf >= tau,
-    stopping at the first that falls short. tau >= 1 commits exactly one token:
-    a float32 probability can round to 1.0, and conf >= 1.0 would take more.
-    tau is a number or one per row (a threshold per request)."""
+    prediction (the last real token's, i.e. the AR prediction) is always committed; then
+    predictions 2, 3, ... left to right while conf >= tau, stopping at the first that falls short.
+    tau >= 1 commits exactly one token: a float32 probability can round to 1.0, and conf >= 1.0
+    would take more. tau is a number or one per row (a threshold per request)."""
     b, B = conf.shape
     tau = torch.as_tensor(tau, dtype=conf.dtype, device=conf.device).expand(b)
     ok = (conf >= tau[:, None]) & (tau[:, None] < 1)

@@ -100,11 +100,21 @@ def get_args(argv=None):
     return args
 
 
-def show(tok, example, g, as_json, colour):
+def decode_examples(model, tok, examples, batch_size=64, **decode):
+    """Yields (example, its finished engine.Request, whether it is right: None without an "answer"),
+    decoding batch_size prompts at a time; decode goes to engine.generate_batch."""
+    for i in range(0, len(examples), batch_size):
+        batch = examples[i:i + batch_size]
+        gens = engine.generate_batch(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask,
+                                     **{"n_vocab": tok.n_vocab, **decode})  # never an id past the tokenizer
+        for e, g in zip(batch, gens):
+            yield e, g, data.check(e, tok.decode([t for t in g.tokens if t != tok.eot])) if "answer" in e else None
+
+
+def show(tok, example, g, correct, as_json, colour):
     """One answer: the text, split into what each forward committed, and the statistics;
     for a held-out prompt (its answer known) whether it is right, and if not, what was expected."""
     n, text = len(g.tokens), tok.decode([t for t in g.tokens if t != tok.eot])
-    correct = data.check(example, text) if "answer" in example else None
     # every forward the row took part in (the block cache's waits and writes too)
     stats = dict(tokens=n, forwards=g.steps, tokens_per_forward=n / max(g.steps, 1),
                  seconds=g.seconds, tokens_per_second=n / max(g.seconds, 1e-9))
@@ -155,19 +165,13 @@ def main(argv=None):
         raise UserError(f"{args.ckpt} is an AR checkpoint (no MARS block size): use --ar, or a MARS checkpoint")
     B = 1 if args.ar else args.block_size or ckpt["mars"]["B"]
     decode = dict(B=B, cache=args.cache, cache_block=args.cache_block, lossless=args.lossless, metric=args.metric,
-                  temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens,
-                  n_vocab=tok.n_vocab)
+                  temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens)
     colour = sys.stdout.isatty()
 
     def answer(examples, tau):
         """Decode and show each example ({"prompt"}, with "answer" when known); returns how many came out right."""
-        right = 0
-        for i in range(0, len(examples), args.batch_size):
-            batch = examples[i:i + args.batch_size]
-            prompts = [tok.prompt_ids(e["prompt"]) for e in batch]
-            gens = engine.generate_batch(model, prompts, tok.eot, tok.mask, tau=tau, **decode)
-            right += sum(bool(show(tok, e, g, args.json, colour)) for e, g in zip(batch, gens))
-        return right
+        return sum(bool(show(tok, e, g, right, args.json, colour))
+                   for e, g, right in decode_examples(model, tok, examples, args.batch_size, tau=tau, **decode))
 
     if args.chat:
         return chat(answer, args.tau, f"{args.ckpt} (B={B})")

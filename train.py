@@ -26,8 +26,8 @@ import data
 import mars
 import tokenizer
 from cli import Parser, UserError, check_device, load_checkpoint, model_from_checkpoint, run_cli
-from engine import generate_batch
 from model import GPT, GPTConfig
+from sample import decode_examples
 
 # One source of truth for every number: flags override single entries. A real model's recipe: extras/hf_train.py.
 TOY = dict(warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
@@ -303,14 +303,10 @@ def score(model, tok, examples, B=1, tau=1.0):
     """Greedy exact-answer accuracy, overall and per family, and tokens per forward (output tokens over
     the forwards each prompt's row took part in), decoding 64 prompts at a time."""
     model.eval()
-    right, tokens, steps = [], 0, 0
-    for i in range(0, len(examples), 64):
-        batch = examples[i:i + 64]
-        gens = generate_batch(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask, B=B,
-                              tau=tau, n_vocab=tok.n_vocab)
-        right += [int(data.check(e, tok.decode([t for t in g.tokens if t != tok.eot]))) for e, g in zip(batch, gens)]
-        tokens, steps = tokens + sum(len(g.tokens) for g in gens), steps + sum(g.steps for g in gens)
+    done = list(decode_examples(model, tok, examples, B=B, tau=tau))
     model.train()
+    right = [int(ok) for _, _, ok in done]
+    tokens, steps = sum(len(g.tokens) for _, g, _ in done), sum(g.steps for _, g, _ in done)
     tasks = sorted({e["task"] for e in examples})
     per_task = {f: [r for e, r in zip(examples, right) if e["task"] == f] for f in tasks}
     return {"n": len(right), "accuracy": sum(right) / len(right), "tokens_per_forward": tokens / max(steps, 1),

@@ -49,6 +49,7 @@ from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_c
 from engine import generate_batch
 from extras.eval_report import markdown, plot
 from extras.stats import paired, wilson
+from sample import decode_examples
 
 # The paper's Table 5 (Qwen2.5-7B, one H200, GSM8K, tau = 0.95), for the report.
 PAPER_TABLE5 = ("paper (Qwen2.5-7B, one H200, GSM8K, tau = 0.95): block cache 1.71x at batch 4 (B_cache 32), "
@@ -109,17 +110,11 @@ def score(model, tok, examples, batch_size=64, **decode):
     <|endoftext|> included (what AR decoding needs forwards for).
 
     `decode` goes to engine.generate_batch (B, tau, cache, lossless, metric, ...)."""
-    correct, tokens, forwards, outputs, batches = [], [], [], [], []
-    for i in range(0, len(examples), batch_size):
-        batch = examples[i:i + batch_size]
-        gens = generate_batch(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask,
-                        **{"n_vocab": tok.n_vocab, **decode})  # never an id past the tokenizer (a real model's rows)
-        batches.append(gens)
-        for e, g in zip(batch, gens):
-            correct.append(int(data.check(e, tok.decode([t for t in g.tokens if t != tok.eot]))))
-            tokens.append(len(g.tokens))
-            forwards.append(g.steps)
-            outputs.append(g.tokens)
+    done = list(decode_examples(model, tok, examples, batch_size, **decode))
+    correct = [int(ok) for _, _, ok in done]
+    outputs, forwards = [g.tokens for _, g, _ in done], [g.steps for _, g, _ in done]
+    tokens = [len(t) for t in outputs]
+    batches = [[g for _, g, _ in done[i:i + batch_size]] for i in range(0, len(done), batch_size)]
 
     def summarise(rows):
         k = sum(correct[i] for i in rows)
@@ -230,27 +225,6 @@ def machine():
 
 
 # ---------------------------------------------------------------------------
-
-
-def summary(out_dir, test, device):
-    """train.py's closing check: held-out accuracy of stage 1 and of MARS at tau = 1.0 and 0.9
-    -> <out_dir>/summary.json (the full tables are this file's main)."""
-    if not test:
-        return print("no held-out test examples in this data: skipping the summary")
-
-    ar_ckpt, mars_ckpt = (load_checkpoint(os.path.join(out_dir, name), device) for name in ("ar.pt", "mars.pt"))
-    (ar, tok), (model, mtok) = model_from_checkpoint(ar_ckpt, device), model_from_checkpoint(mars_ckpt, device)
-    B = mars_ckpt["mars"]["B"]
-    rows = [("stage 1 (AR SFT)", None, score(ar, tok, test, B=1))]
-    rows += [(f"MARS tau={tau}", tau, score(model, mtok, test, B=B, tau=tau)) for tau in (1.0, 0.9)]
-    print(f"\nheld-out test set ({len(test)} prompts)\n| model | accuracy (95% CI) | tokens/forward |\n|---|---|---|")
-    for name, _, r in rows:
-        lo, hi = r["ci"]
-        print(f"| {name} | {100 * r['accuracy']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f}) | {r['tokens_per_forward']:.2f} |")
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump([{"model": n, "threshold": t, **{k: v for k, v in r.items() if k not in ("correct", "outputs")}}
-                   for n, t, r in rows],
-                  f, indent=1)
 
 
 def get_args(argv=None):
