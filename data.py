@@ -120,8 +120,8 @@ def task_reverse(rng):
 
 
 def task_sort(rng):
-    # distinct one-digit numbers: a small model learns to order them within the CPU budget
-    # (with two-digit numbers it ordered the tens but could not copy the units reliably)
+    # distinct one-digit numbers: the task tests ordering alone (two-digit numbers would also test
+    # copying each number's digits, a second skill for a model this small)
     nums = rng.sample(range(10), rng.randint(4, 7))
     prompt = rng.choice(["Sort from smallest to largest: {}.", "Put these numbers in increasing order: {}."])
     answer = ", ".join(map(str, sorted(nums)))
@@ -130,7 +130,7 @@ def task_sort(rng):
 
 def task_count(rng):
     w = rng.choice(WORDS)
-    # letters the word lacks are 40% of the questions: with fewer, stage 1 answered 1 for them
+    # 40% ask for a letter the word lacks: 0 must be a common answer, or a small model never learns to give it
     absent = [c for c in "abcdefghijklmnopqrstuvwxyz" if c not in w]
     letter = rng.choice(w) if rng.random() < 0.6 else rng.choice(absent)
     prompt = rng.choice(["How many times does the letter {} appear in {}?",
@@ -141,7 +141,7 @@ def task_count(rng):
 
 def task_copy(rng):
     words = [rng.choice(SENTENCE_WORDS) for _ in range(rng.randint(3, 6))]
-    if rng.random() < 0.5:  # a repeated word: with few of them, stage 1 copied on from the wrong occurrence
+    if rng.random() < 0.5:  # a repeated word: the copy must follow positions, not the word before
         i = rng.randrange(1, len(words))
         words[i] = words[rng.randrange(i)]
     sentence = " ".join(words).capitalize() + "."

@@ -1,15 +1,12 @@
 """The one batched decoder: every decoding rule of the project, once.
 
-sample.generate is the paper's loop for one prompt, written to be read. This is the
-same loop for many requests at once, each with its own tau, length and budget, as
-sample.py's batches, extras.eval and extras.serve run it (a test checks that at batch 1
-both commit the same tokens in the same forwards). What it adds:
-  ragged rows     each row has its own KV-cache length; windows are right-padded;
-  joining/leaving requests are admitted before a forward and leave after it;
-  caches          none (the reference), sliding (cache the committed prefix, drop the
-                  masks after each forward) or block (the paper's block-level cache);
-  lossless        commit only what AR greedy decoding would (beyond the paper);
-  the trace       per forward and row: what was fed, predicted and committed.
+sample.generate is the paper's loop for one prompt, written to be read; this is the same loop for many
+requests at once, as sample.py's batches, extras.eval and extras.serve run it (a test checks that at batch 1
+both commit the same tokens in the same forwards). It adds: ragged rows (a KV-cache length per batch row,
+windows right-padded); requests joining before a forward and leaving after it, each with its own tau and
+budget; three caches: none (the reference), sliding (keep the committed prefix, drop the masks after each
+forward) and the paper's block-level cache; lossless decoding (beyond the paper); a trace of what each
+forward fed, predicted and committed.
 """
 import time
 from collections import deque
@@ -28,47 +25,54 @@ class Request:
     tau: float = 1.0  # read at every forward: a serving policy may change it mid-request
     lossless: bool = False  # commit only tokens equal to the AR argmax (tau unused)
     max_new_tokens: int = None  # this request's limit (default: the engine's)
-    cancelled: bool = False  # set by anyone (a client hung up): the request leaves before the next forward
     index: int = 0  # its place in a generate_batch call: the trace's "row"
     # decoding state
     ids: list = None  # prompt + committed tokens
-    cached: int = 0  # leading tokens of ids held by the row's KV cache
+    cached: int = 0  # leading tokens of ids held by its row of the KV cache
     drafts: list = field(default_factory=list)  # lossless only: unverified tokens fed after ids
     n_masks: int = 0  # <|mask|> tokens fed after the drafts
     left: int = 0  # tokens it may still commit (its budget and the context)
-    end: int = 0  # block cache: the length of ids at which the current block is full
+    end: int = 0  # block cache: the length of ids at which its current B_cache span is full
     # results
     tokens: list = field(default_factory=list)  # generated ids, <|endoftext|> included when reached
     chunks: list = field(default_factory=list)  # what each forward added to tokens
     steps: int = 0  # forwards it took part in (the block cache's waits and writes included)
     accepted: int = 0  # tokens the rule accepted, before the cut at <|endoftext|> and the budget
-    tau_sum: float = 0.0  # the sum of its tau over its forwards (a policy may vary it)
-    batch_forwards: int = 0  # generate_batch: forwards of its whole batch
     seconds: float = 0.0  # generate_batch: wall clock of its whole batch
 
 
-@torch.inference_mode()
-def decode_step(model, rows, kv, mask_id, *, temperature=0.0, metric="prob", generator=None, n_vocab=None):
-    """One forward for a batch of rows: each feeds ids[cached:] + drafts + n_masks masks (no cache: from 0).
+def window(request, kv, mask_id):
+    """What a request feeds a forward: the ids its cache row lacks (all without a cache), drafts, masks."""
+    cached = 0 if kv is None else request.cached
+    return request.ids[cached:] + request.drafts + [mask_id] * request.n_masks
 
-    Returns (tokens, conf), each (rows, n_read): column 0 is the prediction after the last real token (the AR
-    prediction), then one after each draft and each mask; beyond a row's own reads conf is 0. After the
-    forward the cache holds every fed position; the caller rolls it back to what it keeps.
+
+def n_reads(request):
+    """Predictions a request reads: the AR one (after its last real token), one per draft, one per mask."""
+    return 1 + len(request.drafts) + request.n_masks
+
+
+@torch.inference_mode()
+def decode_step(model, requests, kv, mask_id, *, temperature=0.0, metric="prob", generator=None, n_vocab=None):
+    """One forward for a batch of requests, one row each, each feeding its window. Returns (tokens, conf),
+    each (rows, n_read): column 0 is the prediction after the last real token (the AR prediction), then one
+    after each draft and each mask; beyond a request's own reads conf is 0. After the forward the cache holds
+    every fed position; the caller rolls it back to what it keeps.
     n_vocab: ids from there on (a real checkpoint's padding rows) are never chosen."""
     device = model.wte.weight.device
-    start = [0 if kv is None else r.cached for r in rows]
-    windows = [r.ids[s:] + r.drafts + [mask_id] * r.n_masks for r, s in zip(rows, start)]
+    cached = [0 if kv is None else r.cached for r in requests]
+    windows = [window(r, kv, mask_id) for r in requests]
     width = max(map(len, windows))
     ids = torch.tensor([w + [mask_id] * (width - len(w)) for w in windows], device=device)
     cols = torch.arange(width, device=device)
-    positions = torch.tensor(start, device=device)[:, None] + cols
-    u = torch.tensor([len(r.ids) - s for r, s in zip(rows, start)], device=device)[:, None]  # real tokens fed
-    reads = torch.tensor([1 + len(r.drafts) + r.n_masks for r in rows], device=device)[:, None]
+    positions = torch.tensor(cached, device=device)[:, None] + cols
+    u = torch.tensor([len(r.ids) - c for r, c in zip(requests, cached)], device=device)[:, None]  # real tokens fed
+    reads = torch.tensor([n_reads(r) for r in requests], device=device)[:, None]
     if kv is not None:
-        kv.rollback(start)
+        kv.rollback(cached)
     flat = model(ids, positions=positions, cache=kv, logits_at=(cols >= u - 1) & (cols < u - 1 + reads))
     own = torch.arange(int(reads.max()), device=device) < reads  # (rows, n_read): the row's reads, then padding
-    logits = flat.new_zeros(len(rows), own.shape[1], flat.shape[-1])
+    logits = flat.new_zeros(len(requests), own.shape[1], flat.shape[-1])
     logits[own] = flat  # row-major order on both sides
     logits[..., mask_id] = float("-inf")  # a placeholder is never an output
     if n_vocab is not None:
@@ -82,47 +86,93 @@ def through_eot(tokens, eot_id):
     return tokens[:tokens.index(eot_id) + 1] if eot_id in tokens else tokens
 
 
-def lossless_commit(row, drafts, B):
-    """Self-speculative verification (beyond the paper): row holds the AR argmax after the last
-    token and after each draft, then the masks' predictions. Accept drafts while each equals the
-    AR token at its place, then commit the AR token there. Returns (commit, next drafts): when every
-    draft survived, the masks' predictions become the next drafts; else they are dropped."""
+def commit(request, new, eot_id, past_eot=False):
+    """Append new tokens to a request, at most what its budget leaves, cut after <|endoftext|> unless
+    past_eot (the block cache fills its span); its output stops at <|endoftext|>. Returns what it kept."""
+    request.accepted += len(new)
+    new = new[:request.left] if past_eot else through_eot(new[:request.left], eot_id)
+    request.left -= len(new)
+    request.ids += new
+    shown = [] if request.tokens[-1:] == [eot_id] else through_eot(new, eot_id)
+    if shown:
+        request.tokens += shown
+        request.chunks.append(shown)
+    return new
+
+
+def lossless_commit(preds, drafts, B):
+    """Self-speculative verification (beyond the paper): preds holds the AR argmax after the last token and
+    after each draft, then the masks' predictions. Accept drafts while each equals the AR token at its place,
+    then commit the AR token there. Returns (commit, next drafts): the masks' predictions if every draft survived."""
     m = 0
-    while m < len(drafts) and drafts[m] == row[m]:
+    while m < len(drafts) and drafts[m] == preds[m]:
         m += 1
-    return drafts[:m] + [row[m]], row[len(drafts) + 1:len(drafts) + B] if m == len(drafts) else []
+    return drafts[:m] + [preds[m]], preds[len(drafts) + 1:len(drafts) + B] if m == len(drafts) else []
 
 
-def kv_slots(prompts, max_seq, max_new_tokens, B, cache, cache_block):
-    """KV-cache slots a batch of prompts can need: a forward writes its window, padded to the widest
-    row's, after the longest row's cached tokens. A row caches at most its final length - 1; the widest
-    later window is 2B - 1 when sliding (new tokens or drafts, then B - 1 masks), cache_block + 1 for blocks."""
+def kv_slots(prompts, max_seq, max_new_tokens, B, cache, B_cache):
+    """KV-cache slots a batch of prompts can need: a row caches at most its final length - 1, then a forward
+    writes the widest row's window: 2B - 1 when sliding (new tokens or drafts, B - 1 masks), B_cache + 1 for
+    the block cache."""
     longest = max(min(len(p) + max_new_tokens, max_seq) for p in prompts)
-    widest = cache_block + 1 if cache == "block" else 2 * B - 1
+    widest = B_cache + 1 if cache == "block" else 2 * B - 1
     return longest - 1 + widest
 
 
+@dataclass
+class BlockCache:
+    """The paper's block-level KV cache (the official MARSBlockCachedSampler). The cached prefix stays
+    frozen while each request fills its next B_cache positions: each inner forward feeds the span (its
+    committed tokens, then masks to its end) and commits left to right, never past its end; a full request
+    waits. When every request is full, one forward writes the spans into the cache (it counts, as does
+    the prompt's first write); requests join and leave only then."""
+    B_cache: int  # positions filled between two writes: the cache's synchronisation granularity, not MARS's B
+
+    @staticmethod
+    def filling(requests):  # between two writes
+        return any(len(r.ids) < r.end for r in requests)
+
+    def step(self, engine):
+        """One forward, a write or an inner one; returns its window width."""
+        requests = engine.running
+        if not self.filling(requests):  # write every committed token but the last, which opens the next windows
+            for r in requests:
+                r.n_masks = 0
+            _, _, width = engine.forward()
+            for r in requests:
+                r.cached = len(r.ids) - 1
+                r.end = len(r.ids) + min(self.B_cache, r.left)
+            engine.settle([[] for _ in requests])
+            return width
+        for r in requests:
+            r.n_masks = max(r.end - len(r.ids) - 1, 0) if engine.B > 1 else 0
+        tokens, conf, width = engine.forward()
+        committed = []
+        for r, (new, _) in zip(requests, engine.commits(tokens, conf)):
+            committed.append(commit(r, new, engine.eot_id, past_eot=True) if len(r.ids) < r.end else [])
+        engine.settle(committed)
+        return width
+
+
 class Engine:
-    """Continuous batching: requests wait, are admitted before a forward (up to max_batch; a new
-    prompt is prefilled in the same forward as the others' steps) and leave after the forward that
-    finishes them. A request commits exactly what it would commit alone: its window, reads and
-    acceptance are its own, whatever else shares the batch."""
+    """Continuous batching: requests wait, are admitted before a forward (up to max_batch; a new prompt is
+    prefilled in the same forward as the others' steps) and leave after the forward that finishes them. A request
+    commits exactly what it would alone: its window, reads and acceptance are its own, whatever shares the batch."""
 
     def __init__(self, model, eot_id, mask_id, B, max_batch, max_new_tokens=64, *, cache="sliding",
-                 cache_block=16, cache_len=None, max_context=None, n_vocab=None, metric="prob", temperature=0.0,
+                 B_cache=16, cache_len=None, max_context=None, n_vocab=None, metric="prob", temperature=0.0,
                  max_accept=None, trace=None):
         if cache not in CACHE_MODES:
             raise ValueError(f"cache must be one of {CACHE_MODES}")
         self.model, self.eot_id, self.mask_id, self.B = model, eot_id, mask_id, B
-        self.max_batch, self.max_new_tokens, self.cache, self.cache_block = max_batch, max_new_tokens, cache, cache_block
-        self.choose = dict(temperature=temperature, metric=metric, n_vocab=n_vocab)
-        self.max_accept, self.trace = max_accept, trace
+        self.max_batch, self.max_new_tokens, self.max_accept, self.trace = max_batch, max_new_tokens, max_accept, trace
+        self.sampling = dict(temperature=temperature, metric=metric, n_vocab=n_vocab)
+        self.block_cache = BlockCache(B_cache) if cache == "block" else None
         # prompt + answer: the model's context, or less (a 32k context would size a 32k cache per row)
         self.max_seq = min(model.config.max_seq_len, max_context or model.config.max_seq_len)
-        slots = cache_len or 2 * self.max_seq + max(2 * B, cache_block + 1)  # a joining prompt pads every window
+        slots = cache_len or 2 * self.max_seq + max(2 * B, B_cache + 1)  # a joining prompt pads every window
         self.kv = None if cache == "none" else model.new_cache(0, slots)
-        self.waiting, self.running = deque(), []
-        self.forwards, self.filling = 0, False  # filling: the block cache is inside a block
+        self.waiting, self.running, self.forwards = deque(), [], 0
 
     @property
     def backlog(self):
@@ -136,10 +186,11 @@ class Engine:
             self.running = [self.running[i] for i in keep]
 
     def admit(self):
-        self.evict([i for i, r in enumerate(self.running) if not r.cancelled])
-        self.waiting = deque(r for r in self.waiting if not r.cancelled)
-        n = 0 if self.filling else min(len(self.waiting), self.max_batch - len(self.running))
-        for _ in range(n):  # the block cache admits at block boundaries only
+        """Waiting requests join, up to max_batch (the block cache: only at a write)."""
+        if self.block_cache and self.block_cache.filling(self.running):
+            return
+        n = min(len(self.waiting), self.max_batch - len(self.running))
+        for _ in range(n):
             r = self.waiting.popleft()
             if len(r.prompt) >= self.max_seq:
                 raise ValueError(f"prompt of {len(r.prompt)} tokens does not fit the model's context of {self.max_seq}")
@@ -149,114 +200,66 @@ class Engine:
         if n and self.kv is not None:
             self.kv.add_rows(n)
 
-    def finished(self, r):
-        return r.left <= 0 or r.tokens[-1:] == [self.eot_id]
-
     def step(self):
         """Admit, one forward, commit, evict. Returns (stepped, finished, width): the requests
-        the forward carried, those that left after it, and its window width (what it costs).
-        With the block cache, requests join and leave only at a block's write."""
+        the forward carried, those that left after it, and its window width (what it costs)."""
         self.admit()
         stepped = list(self.running)
         if not stepped:
             return [], [], 0
-        wrote = self.cache == "block" and not self.filling
-        width = self.block_step() if self.cache == "block" else self.slide_step()
-        leave = [(wrote or self.cache != "block") and self.finished(r) for r in stepped]
-        finished = [r for r, out in zip(stepped, leave) if out]
+        may_leave = not (self.block_cache and self.block_cache.filling(stepped))  # the block cache: after a write only
+        width = self.block_cache.step(self) if self.block_cache else self.slide_step()
+        leave = [may_leave and (r.left <= 0 or r.tokens[-1:] == [self.eot_id]) for r in stepped]
         self.evict([i for i, out in enumerate(leave) if not out])
-        if wrote:
-            self.filling = bool(self.running)
-        return stepped, finished, width
+        return stepped, [r for r, out in zip(stepped, leave) if out], width
 
     def forward(self):
-        """decode_step over the running rows; counts the forward and logs it when tracing."""
-        rows = self.running
-        tokens, conf = decode_step(self.model, rows, self.kv, self.mask_id, **self.choose)
+        """decode_step over the running requests: (tokens, conf, window width). Counts it; traces it."""
+        requests = self.running
+        tokens, conf = decode_step(self.model, requests, self.kv, self.mask_id, **self.sampling)
         self.forwards += 1
-        for r in rows:
+        for r in requests:
             r.steps += 1
-            r.tau_sum += r.tau
+        windows = [window(r, self.kv, self.mask_id) for r in requests]
         if self.trace is not None:
-            for r, t, c in zip(rows, tokens.tolist(), conf.tolist()):
-                n, start = 1 + len(r.drafts) + r.n_masks, r.cached if self.kv is not None else 0
-                self.trace.append(dict(step=self.forwards - 1, row=r.index, cache_before=start, tokens=t[:n],
-                                       conf=c[:n], fed=r.ids[start:] + r.drafts + [self.mask_id] * r.n_masks))
-        return tokens, conf
+            for r, fed, t, c in zip(requests, windows, tokens.tolist(), conf.tolist()):
+                n, cached = n_reads(r), r.cached if self.kv is not None else 0
+                self.trace.append(dict(step=self.forwards - 1, row=r.index, cache_before=cached, tokens=t[:n],
+                                       conf=c[:n], fed=fed))
+        return tokens, conf, max(map(len, windows))
 
-    def choose_commits(self, tokens, conf):
-        """Each row's commit: lossless verification, or mars.accept under its own tau, never past its own
+    def commits(self, tokens, conf):
+        """Each request's commit: lossless verification, or mars.accept under its own tau, never past its own
         reads (a tau that rounds to 0 in float32 would otherwise take the padding)."""
         taus = torch.tensor([r.tau for r in self.running], dtype=torch.float32, device=conf.device)
-        reads = torch.tensor([1 + len(r.drafts) + r.n_masks for r in self.running], device=conf.device)
+        reads = torch.tensor([n_reads(r) for r in self.running], device=conf.device)
         n = torch.minimum(mars.accept(conf, taus, self.max_accept), reads)
-        rows = torch.cat([n[:, None], tokens], dim=1).tolist()
-        commits = []
-        for r, (k, *row) in zip(self.running, rows):
-            commits.append(lossless_commit(row, r.drafts, self.B) if r.lossless else (row[:k], []))
-        return commits
+        per_request = torch.cat([n[:, None], tokens], dim=1).tolist()
+        return [lossless_commit(preds, r.drafts, self.B) if r.lossless else (preds[:k], [])
+                for r, (k, *preds) in zip(self.running, per_request)]
 
-    def commit(self, r, new, past_eot=False):
-        """Append new tokens to r, at most what its budget leaves, cut after <|endoftext|> unless
-        past_eot (the block cache fills its block); its output stops at <|endoftext|>."""
-        r.accepted += len(new)
-        new = new[:r.left] if past_eot else through_eot(new[:r.left], self.eot_id)
-        r.left -= len(new)
-        r.ids += new
-        shown = [] if r.tokens[-1:] == [self.eot_id] else through_eot(new, self.eot_id)
-        if shown:
-            r.tokens += shown
-            r.chunks.append(shown)
-        return new
-
-    def settle(self, rows_committed):
-        """Roll the cache back to what each row keeps; finish the trace entries of this forward."""
+    def settle(self, committed):
+        """Roll the cache back to what each request keeps; finish the trace entries of this forward."""
         if self.kv is not None:
             self.kv.rollback([r.cached for r in self.running])
         if self.trace is not None:
-            for e, r, new in zip(self.trace[-len(self.running):], self.running, rows_committed):
+            for e, r, new in zip(self.trace[-len(self.running):], self.running, committed):
                 e.update(committed=new, cache_after=r.cached if self.kv is not None else 0)
 
     def slide_step(self):
         """Sliding cache (or none): feed [uncached real tokens | drafts | masks], commit what the rule
-        accepts; the cache keeps the real tokens fed. A row at tau = 1.0 commits its AR token alone,
+        accepts; the cache keeps the real tokens fed. A request at tau = 1.0 commits its AR token alone,
         so it is fed no masks and costs what AR costs."""
         for r in self.running:
-            r.n_masks = self.B - 1 if r.tau < 1 or r.lossless else 0
-        width = max(len(r.ids) - (r.cached if self.kv is not None else 0) + len(r.drafts) + r.n_masks
-                    for r in self.running)
+            r.n_masks = self.B - 1 if r.lossless else mars.masks_to_feed(self.B, r.tau)
+        tokens, conf, width = self.forward()
         committed = []
-        for r, (new, drafts) in zip(self.running, self.choose_commits(*self.forward())):
-            kept = self.commit(r, new)
+        for r, (new, drafts) in zip(self.running, self.commits(tokens, conf)):
+            kept = commit(r, new, self.eot_id)
             r.drafts = drafts if kept == new else []
             r.cached = len(r.ids) - (1 if r.lossless else len(kept))  # lossless fed its accepted drafts too
             committed.append(kept)
         self.settle(committed)
-        return width
-
-    def block_step(self):
-        """The paper's block-level cache (the official MARSBlockCachedSampler). Per block of cache_block
-        positions the cached prefix is frozen; each inner forward feeds the block (its committed tokens,
-        then masks to its end) and commits left to right, never past the block's end; a full row waits.
-        Then one forward writes the block into the cache (it counts, as does the prompt's first write)."""
-        if not self.filling:  # write every committed token but the last, which opens the next windows
-            for r in self.running:
-                r.n_masks = 0
-            width = max(len(r.ids) - r.cached for r in self.running)
-            self.forward()
-            for r in self.running:
-                r.cached = len(r.ids) - 1
-                r.end = len(r.ids) + min(self.cache_block, r.left)
-            self.settle([[] for _ in self.running])
-            return width
-        for r in self.running:
-            r.n_masks = max(r.end - len(r.ids) - 1, 0) if self.B > 1 else 0
-        width = max(len(r.ids) - r.cached + r.n_masks for r in self.running)
-        committed = []
-        for r, (new, _) in zip(self.running, self.choose_commits(*self.forward())):
-            committed.append(self.commit(r, new, past_eot=True) if len(r.ids) < r.end else [])
-        self.settle(committed)
-        self.filling = any(len(r.ids) < r.end for r in self.running)
         return width
 
 
@@ -267,18 +270,18 @@ def clock(model):
     return time.perf_counter()
 
 
-def generate_batch(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="sliding", cache_block=16,
+def generate_batch(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="sliding", B_cache=16,
                    lossless=False, max_new_tokens=64, **options):
     """Decode a batch of prompts (lists of ids) together; returns one finished Request per prompt.
     tau: a number or one per prompt. options: metric, temperature, max_accept, n_vocab, trace
-    (a list: one dict per forward and row)."""
+    (a list: one dict per forward and request)."""
     if lossless and (cache == "block" or options.get("temperature", 0) > 0):
         raise ValueError("lossless decoding is greedy, with cache none or sliding")
     if not prompts:
         return []
     taus = [float(t) for t in tau] if hasattr(tau, "__len__") else [float(tau)] * len(prompts)
-    slots = kv_slots(prompts, model.config.max_seq_len, max_new_tokens, B, cache, cache_block)
-    engine = Engine(model, eot_id, mask_id, B, len(prompts), max_new_tokens, cache=cache, cache_block=cache_block,
+    slots = kv_slots(prompts, model.config.max_seq_len, max_new_tokens, B, cache, B_cache)
+    engine = Engine(model, eot_id, mask_id, B, len(prompts), max_new_tokens, cache=cache, B_cache=B_cache,
                     cache_len=slots, **options)
     requests = [Request(list(p), tau=t, lossless=lossless, index=i) for i, (p, t) in enumerate(zip(prompts, taus))]
     engine.waiting.extend(requests)
@@ -287,5 +290,5 @@ def generate_batch(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="slid
         engine.step()
     seconds = clock(model) - t0
     for r in requests:
-        r.batch_forwards, r.seconds = engine.forwards, seconds
+        r.seconds = seconds
     return requests

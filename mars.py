@@ -43,46 +43,48 @@ def noisy_copy(x, y, mask_id):
     return torch.where(is_response, torch.full_like(x, mask_id), x)
 
 
-def per_sequence_mean(ce, where):
-    """(b,) mean of each sequence's values ce (those of where's True entries, row-major) over where (b, T)."""
-    per_token = torch.zeros(where.shape, dtype=ce.dtype, device=ce.device)
-    per_token[where] = ce
-    return per_token.sum(1) / where.sum(1).clamp_min(1)
-
-
 @functools.lru_cache(maxsize=256)
-def training_mask(T, B, offset, start, device):
-    """mars_attention_mask(T, B, offset) without the noisy rows and columns before `start`, on device:
-    built once per shape, not at every step."""
-    keep = torch.cat([torch.arange(start, T), torch.arange(T, 2 * T)])
-    return mars_attention_mask(T, B, offset)[keep][:, keep].to(device)
+def training_mask(T, B, offset, device):
+    """mars_attention_mask(T, B, offset) on device, built once per shape rather than at every step."""
+    return mars_attention_mask(T, B, offset).to(device)
+
+
+def idle_noisy_positions(y, B, offset=0):
+    """How many leading noisy positions feed nothing: those before the block of the batch's first target.
+    They hold prompt tokens, carry no loss, and no other position attends to them (noisy -> noisy stays
+    within a block; clean never sees noisy), so mars_loss is the same without them, only cheaper."""
+    first_target = int((y != -1).int().argmax(1).min())
+    return max(0, (first_target + offset) // B * B - offset)
+
+
+def token_ce(model, ids, targets, **forward):
+    """Cross-entropy at every position (b, t), 0 where the target is -1; the model computes logits only
+    where there is a target (logits_at)."""
+    where = targets != -1
+    ce = torch.zeros(targets.shape, device=targets.device)
+    ce[where] = F.cross_entropy(model(ids, logits_at=where, **forward).float(), targets[where], reduction="none")
+    return ce
 
 
 def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, offset=0, noisy_weight=None):
-    """Returns (loss, noisy_loss, clean_loss) for inputs x and targets y (b, T).
-    One forward over [noisy | clean] with shared positions. The loss is, per
-    sequence, the mean over its response tokens of CE(noisy) + ar_weight *
-    CE(clean), then the mean over sequences: a short answer weighs as much as a
-    long one (the official trainer's "sequence" normalisation). Logits are
-    computed only where there is a target. The noisy stream starts at the block
-    of the batch's first target: earlier noisy positions (prompt only) feed no
-    loss and no other position, so leaving them out changes nothing but the cost.
-    noisy_weight (b,), optional: a weight per sequence on the noisy loss (the paper's
-    "w/o SFT loss" ablation: ar_weight = 0 with the weights of `no_sft_weights`)."""
-    b, T = x.shape
-    first = int((y != -1).int().argmax(1).min())
-    start = max(0, (first + offset) // B * B - offset)
-    ids = torch.cat([noisy_copy(x, y, mask_id)[:, start:], x], dim=1)
-    pos = torch.cat([torch.arange(start, T), torch.arange(T)]).to(x.device)
-    targets = torch.cat([y[:, start:], y], dim=1)
-    where = targets != -1
-    logits = model(ids, positions=pos, attn_mask=training_mask(T, B, offset, start, x.device), logits_at=where)
-    ce = F.cross_entropy(logits.float(), targets[where], reduction="none")
-    n = T - start  # noisy positions
-    is_noisy = torch.arange(n + T, device=x.device).expand(b, -1)[where] < n
-    noisy = per_sequence_mean(ce[is_noisy], where[:, :n])
-    clean = per_sequence_mean(ce[~is_noisy], where[:, n:])
-    weight = 1.0 if noisy_weight is None else noisy_weight
+    """Returns (loss, noisy_loss, clean_loss) for inputs x and targets y (b, T), y = -1 off the response.
+    One forward over [noisy | clean], both streams at positions 0..T-1, under the MARS mask. The loss is,
+    per sequence, the mean over its response tokens of CE(noisy) + ar_weight * CE(clean), then the mean
+    over sequences: a short answer weighs as much as a long one (the official trainer's "sequence"
+    normalisation). Two ablations: offset shifts the blocks (train.py --block_offset random);
+    noisy_weight (b,) weighs each sequence's noisy loss (the paper's "w/o SFT loss": ar_weight = 0 with
+    the weights of no_sft_weights)."""
+    T = x.shape[1]
+    ids = torch.cat([noisy_copy(x, y, mask_id), x], dim=1)  # [noisy | clean]
+    pos = torch.arange(T, device=x.device).repeat(2)  # shared positions: both streams at 0..T-1
+    targets = torch.cat([y, y], dim=1)  # position q of either stream predicts y[q]
+    mask = training_mask(T, B, offset, x.device)  # offset 0: the paper's block grid
+    skip = idle_noisy_positions(y, B, offset)  # only a saving: drop noisy positions that feed nothing
+    ids, pos, targets, mask = ids[:, skip:], pos[skip:], targets[:, skip:], mask[skip:, skip:]
+    ce = token_ce(model, ids, targets, positions=pos, attn_mask=mask)
+    n = (y != -1).sum(1).clamp_min(1)  # response tokens per sequence
+    noisy, clean = ce[:, :-T].sum(1) / n, ce[:, -T:].sum(1) / n  # the clean stream is the last T positions
+    weight = 1.0 if noisy_weight is None else noisy_weight  # the "w/o SFT loss" ablation's 1/t weights
     return (weight * noisy + ar_weight * clean).mean(), noisy.mean(), clean.mean()
 
 
@@ -97,9 +99,8 @@ def no_sft_weights(b, generator=None, device="cpu", eps=1e-3):
 def ar_loss(model, x, y, per_sequence=False):
     """Next-token cross-entropy on the response tokens: the token mean for stage 1 (as the official SFT
     trainer averages), or per_sequence, exactly the clean term of mars_loss (the like-for-like control)."""
-    where = y != -1
-    ce = F.cross_entropy(model(x, logits_at=where).float(), y[where], reduction="none")
-    return per_sequence_mean(ce, where).mean() if per_sequence else ce.mean()
+    ce, where = token_ce(model, x, y), y != -1
+    return (ce.sum(1) / where.sum(1).clamp_min(1)).mean() if per_sequence else ce[where].mean()
 
 
 # ---------------------------------------------------------------------------
@@ -134,6 +135,12 @@ def choose(logits, temperature=0.0, metric="prob", generator=None):
     else:
         raise ValueError(f"unknown confidence metric {metric!r}; choose from {METRICS}")
     return tokens, conf
+
+
+def masks_to_feed(B, tau):
+    """How many <|mask|> tokens a window feeds after the real tokens: B - 1 (B predictions in all), or none at
+    tau >= 1, where only the AR token is committed (accept below), so that tau = 1.0 costs what AR costs."""
+    return B - 1 if tau < 1 else 0
 
 
 def accept(conf, tau, max_accept=None):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 1024  # embedding rows (a real checkpoint may have more rows than its tokenizer has tokens)
+    vocab_size: int = 1024  # token embeddings (a real checkpoint may have more than its tokenizer has tokens)
     max_seq_len: int = 128  # the context length (never called block_size here: that is MARS's B)
     n_layer: int = 4
     n_head: int = 4
@@ -73,8 +73,8 @@ class KVCache:
             where = slice(lo, lo + t)
             mask = None if t == 1 else torch.ones(t, n_keys, dtype=torch.bool, device=device).tril(lo)
             return where, n_keys, mask
-        start = torch.tensor(self.lengths, device=device)[:, None]
-        slots = start + torch.arange(t, device=device)  # (b, t)
+        cached = torch.tensor(self.lengths, device=device)[:, None]
+        slots = cached + torch.arange(t, device=device)  # (b, t)
         rows = torch.arange(len(self.lengths), device=device)[:, None]
         mask = torch.arange(n_keys, device=device)[None, None, :] <= slots[:, :, None]  # (b, t, n_keys)
         return (rows, slots), n_keys, mask[:, None]
@@ -132,14 +132,14 @@ class Attention(nn.Module):
         self.v = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=c.qkv_bias)
         self.o = nn.Linear(c.n_head * c.head_dim, c.n_embd, bias=False)
 
-    def forward(self, x, rope, attn_mask, cache, layer, plan):
+    def forward(self, x, rope, attn_mask, cache, index, plan):
         b, t, _ = x.shape
         q = self.q(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)
         k = self.k(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = self.v(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # keys are cached rotated
         if cache is not None:
-            k, v = cache.update(layer, k, v, *plan)
+            k, v = cache.update(index, k, v, *plan)
         # grouped-query attention: query head h reads key/value head h // (n_head / n_kv_head)
         gqa = self.n_kv_head != self.n_head
         if attn_mask is None and cache is None:
@@ -162,7 +162,7 @@ class MLP(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
-class Block(nn.Module):
+class Layer(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.norm1 = RMSNorm(config.n_embd, config.norm_eps)
@@ -170,8 +170,8 @@ class Block(nn.Module):
         self.norm2 = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope, attn_mask, cache, layer, plan):
-        x = x + self.attn(self.norm1(x), rope, attn_mask, cache, layer, plan)
+    def forward(self, x, rope, attn_mask, cache, index, plan):
+        x = x + self.attn(self.norm1(x), rope, attn_mask, cache, index, plan)
         return x + self.mlp(self.norm2(x))
 
 
@@ -180,7 +180,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Layer(config) for _ in range(config.n_layer))  # "blocks": the state-dict keys
         self.norm_f = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -201,7 +201,8 @@ class GPT(nn.Module):
         positions: (t,) or (b, t); default 0..t-1, or each row's cache length onwards (only differences matter).
         attn_mask: bool (t, t) or (b, t, t), True = may attend; default causal; never with a cache.
         cache: a KVCache; this forward appends its keys and values to it.
-        logits_at: bool (b, t): return logits (n, vocab) only where True (row-major), as few are needed."""
+        logits_at: bool (b, t): return logits (n, vocab) only where True, in the order of idx[logits_at]
+            (a loss needs few: computing them all would cost a large vocabulary's memory)."""
         b, t = idx.shape
         plan = None
         if cache is not None:
@@ -220,8 +221,8 @@ class GPT(nn.Module):
             attn_mask = attn_mask[:, None]  # broadcast over heads
         x = self.wte(idx)
         rope = rotary(positions, self.config.head_dim, self.config.rope_base, x.dtype)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, rope, attn_mask, cache, layer, plan)
+        for index, layer in enumerate(self.blocks):
+            x = layer(x, rope, attn_mask, cache, index, plan)
         if cache is not None:
             cache.lengths = [n + t for n in cache.lengths]
         x = self.norm_f(x)

@@ -6,9 +6,10 @@
     python sample.py --chat                   # type prompts; "/tau 0.7" turns the knob
     python sample.py --ckpt DIR --chat        # a Hugging Face directory, e.g. MARS-Qwen2.5-0.5B-blk4
 
-`generate` below is the paper's loop for one prompt; read it first. The command line
-decodes with engine.py, the same loop for many prompts at once (a test checks that both
-commit the same tokens in the same forwards).
+`generate` below is the paper's loop for one prompt; read it first. The command line runs it
+whenever it can (one prompt at a time, greedy, the sliding cache, the prob rule); batches, the
+block cache, lossless decoding, other rules and sampling go to engine.py, the same loop for many
+prompts at once (tests check that both commit the same tokens in the same forwards).
 """
 import argparse
 import json
@@ -23,28 +24,29 @@ from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_c
 
 
 @torch.inference_mode()
-def generate(model, prompt, eot_id, mask_id, B, tau=0.9, max_new_tokens=64):
+def generate(model, prompt, eot_id, mask_id, B, tau=0.9, max_new_tokens=64, n_vocab=None):
     """The paper's inference loop (section "Inference"), greedy, with a sliding KV cache.
 
     Feed the tokens the cache has not seen, then B - 1 masks. One forward gives B predictions:
     the last real token's (the AR prediction) and one per mask. Commit the first always, then
     the next ones left to right while their probability is >= tau. The cache keeps the real
     tokens and drops the masks; the committed tokens lead the next window.
+    n_vocab: the tokenizer's size; ids from there on (a real checkpoint's padding rows) are never output.
     Returns the generated ids and what each forward committed."""
     device = model.wte.weight.device
     budget = min(max_new_tokens, model.config.max_seq_len - len(prompt))
     cache = model.new_cache(1, len(prompt) + budget + B)
     out, chunks, fresh = [], [], list(prompt)  # fresh: real tokens not yet in the cache
     while len(out) < budget and out[-1:] != [eot_id]:
-        masks = [mask_id] * (B - 1 if tau < 1 else 0)  # at tau = 1 only the AR token is committed
-        start = cache.lengths[0]
+        masks = [mask_id] * mars.masks_to_feed(B, tau)  # none at tau = 1: only the AR token is committed
+        cached = cache.lengths[0]
         window = torch.tensor([fresh + masks], device=device)
-        positions = torch.arange(start, start + window.shape[1], device=device)
-        logits = model(window, positions=positions, cache=cache)[0, len(fresh) - 1:]
+        positions = torch.arange(cached, cached + window.shape[1], device=device)
+        logits = model(window, positions=positions, cache=cache)[0, len(fresh) - 1:, :n_vocab]  # no padding row
         logits[:, mask_id] = float("-inf")  # a placeholder is never an output
         tokens, conf = mars.choose(logits)  # the argmax and its probability, per position
         n = int(mars.accept(conf[None], tau)[0])  # the AR token, then left to right while conf >= tau
-        cache.rollback([start + len(fresh)])  # keep the real tokens, drop the masks
+        cache.rollback([cached + len(fresh)])  # keep the real tokens, drop the masks
         fresh = tokens[:n].tolist()[:budget - len(out)]
         if eot_id in fresh:  # the answer ends at <|endoftext|>
             fresh = fresh[:fresh.index(eot_id) + 1]
@@ -77,7 +79,8 @@ def get_args(argv=None):
     p.add_argument("--max_accept", type=int, default=None, help="commit at most this many tokens per forward")
     p.add_argument("--cache", choices=engine.CACHE_MODES, default="sliding",
                    help="KV cache: sliding (default, fastest), block (the paper's block-level cache), none (reference)")
-    p.add_argument("--cache_block", type=int, default=16, help="the paper's B_cache: positions per block of --cache block (default 16)")
+    p.add_argument("--B_cache", type=int, default=16,
+                   help="the paper's B_cache (--cache block): positions filled between two cache writes (default 16)")
     p.add_argument("--batch_size", type=int, default=1, help="prompts decoded together (default 1)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (Gumbel-max)")
     p.add_argument("--max_new_tokens", type=int, default=64, help="stop after this many tokens (default 64)")
@@ -86,7 +89,7 @@ def get_args(argv=None):
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="weights and activations: float32 (default), bfloat16 (to serve a real model on a GPU)")
     args = p.parse_args(argv)
-    for name in ("block_size", "cache_block", "batch_size", "max_new_tokens", "num_prompts", "max_accept"):
+    for name in ("block_size", "B_cache", "batch_size", "max_new_tokens", "num_prompts", "max_accept"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
     if args.temperature < 0:
@@ -100,6 +103,11 @@ def get_args(argv=None):
     return args
 
 
+def verdict(tok, example, tokens):
+    """Whether the generated tokens answer the example right; None when its answer is not known."""
+    return data.check(example, tok.decode([t for t in tokens if t != tok.eot])) if "answer" in example else None
+
+
 def decode_examples(model, tok, examples, batch_size=64, **decode):
     """Yields (example, its finished engine.Request, whether it is right: None without an "answer"),
     decoding batch_size prompts at a time; decode goes to engine.generate_batch."""
@@ -108,14 +116,33 @@ def decode_examples(model, tok, examples, batch_size=64, **decode):
         gens = engine.generate_batch(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask,
                                      **{"n_vocab": tok.n_vocab, **decode})  # never an id past the tokenizer
         for e, g in zip(batch, gens):
-            yield e, g, data.check(e, tok.decode([t for t in g.tokens if t != tok.eot])) if "answer" in e else None
+            yield e, g, verdict(tok, e, g.tokens)
+
+
+def generate_examples(model, tok, examples, B, tau, max_new_tokens):
+    """What decode_examples yields, from `generate`, one prompt at a time (each output as an engine.Request)."""
+    for e in examples:
+        prompt, max_seq = tok.prompt_ids(e["prompt"]), model.config.max_seq_len
+        if len(prompt) >= max_seq:  # as the engine refuses it
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the model's context of {max_seq}")
+        t0 = engine.clock(model)
+        out, chunks = generate(model, prompt, tok.eot, tok.mask, B, tau, max_new_tokens, tok.n_vocab)
+        g = engine.Request(prompt, tokens=out, chunks=chunks, steps=len(chunks), seconds=engine.clock(model) - t0)
+        yield e, g, verdict(tok, e, out)
+
+
+def paper_loop(args):
+    """Whether `generate` decodes this command: one prompt at a time, greedy, the sliding cache, the prob rule,
+    no cap on acceptance (any tau; --ar is B = 1). Anything else goes to the engine."""
+    return (args.batch_size == 1 and args.cache == "sliding" and not args.lossless and args.temperature == 0
+            and args.metric == "prob" and args.max_accept is None)
 
 
 def show(tok, example, g, correct, as_json, colour):
     """One answer: the text, split into what each forward committed, and the statistics;
     for a held-out prompt (its answer known) whether it is right, and if not, what was expected."""
     n, text = len(g.tokens), tok.decode([t for t in g.tokens if t != tok.eot])
-    # every forward the row took part in (the block cache's waits and writes too)
+    # every forward the request took part in (the block cache's waits and writes too)
     stats = dict(tokens=n, forwards=g.steps, tokens_per_forward=n / max(g.steps, 1),
                  seconds=g.seconds, tokens_per_second=n / max(g.seconds, 1e-9))
     if as_json:
@@ -164,14 +191,17 @@ def main(argv=None):
     if not args.ar and "mars" not in ckpt:
         raise UserError(f"{args.ckpt} is an AR checkpoint (no MARS block size): use --ar, or a MARS checkpoint")
     B = 1 if args.ar else args.block_size or ckpt["mars"]["B"]
-    decode = dict(B=B, cache=args.cache, cache_block=args.cache_block, lossless=args.lossless, metric=args.metric,
+    decode = dict(B=B, cache=args.cache, B_cache=args.B_cache, lossless=args.lossless, metric=args.metric,
                   temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens)
     colour = sys.stdout.isatty()
 
     def answer(examples, tau):
         """Decode and show each example ({"prompt"}, with "answer" when known); returns how many came out right."""
-        return sum(bool(show(tok, e, g, right, args.json, colour))
-                   for e, g, right in decode_examples(model, tok, examples, args.batch_size, tau=tau, **decode))
+        if paper_loop(args):
+            done = generate_examples(model, tok, examples, B, tau, args.max_new_tokens)
+        else:
+            done = decode_examples(model, tok, examples, args.batch_size, tau=tau, **decode)
+        return sum(bool(show(tok, e, g, ok, args.json, colour)) for e, g, ok in done)
 
     if args.chat:
         return chat(answer, args.tau, f"{args.ckpt} (B={B})")

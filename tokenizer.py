@@ -56,7 +56,8 @@ class Tokenizer:
                                prompt, the rest is what training scores
       eot                      the chat's end of turn (<|endoftext|>, <|im_end|>, <|eot_id|>)
       mask                     <|mask|>;  n_vocab: ids 0..n_vocab-1 have a token
-      state() / from_state()   plain types, for checkpoints (a toy's old {"pattern", "tokens"} loads)
+      state() / from_state()   plain types, for checkpoints ("pattern" and "tokens" are enough for the
+                               toy's: the rest defaults to its chat and special tokens)
     `prompt` is a string (one user turn) or a list of {"role", "content"} messages ending with a
     user turn. Only the chat's own special tokens are special: message text is rendered with
     MARK inside every special token's name, then encoded as plain text without it."""
@@ -68,6 +69,8 @@ class Tokenizer:
                                      special_tokens={**self.specials, **self.ordinary})
         self.pattern, self.normalizer, self.chat = pattern, normalizer, chat or ToyChat()
         self.n_vocab = 1 + max([*ranks.values(), *self.specials.values(), *self.ordinary.values()])
+        # bytes without a token of their own (SmolLM2's vocabulary lacks 21): tiktoken panics on them
+        self.tokenless = set(range(256)) - {b[0] for b in ranks if len(b) == 1}
         self.split = re.compile("|".join(map(re.escape, sorted(self.specials, key=len, reverse=True))))
         self.mask, self.user, self.assistant = (self.specials.get(s) for s in SPECIAL_TOKENS[1:])
         # the end of turn: the first special token the chat writes after an assistant's text
@@ -115,6 +118,8 @@ class Tokenizer:
         if len(text) > MAX_CHARS:
             raise ValueError(f"text of {len(text):,} characters: the tokenizer takes at most {MAX_CHARS:,}")
         try:
+            if self.tokenless and not self.tokenless.isdisjoint(text.encode("utf-8", "surrogatepass")):
+                return self.encode_dropping(text)
             if self.ordinary:
                 return self.enc.encode(text, allowed_special=set(self.ordinary), disallowed_special=())
             return self.enc.encode_ordinary(text)
@@ -122,6 +127,17 @@ class Tokenizer:
             if type(e).__name__ != "PanicException":
                 raise
             raise ValueError(f"the tokenizer failed on this text ({str(e).splitlines()[0]})") from None
+
+    def encode_dropping(self, text):
+        """encode, for text with a byte that has no token: each piece of the split pattern loses such
+        bytes before BPE, as Hugging Face's BPE drops a symbol it has no token for (its neighbours may
+        then merge). `regex`, tiktoken's own dependency, splits as tiktoken's Rust code does."""
+        import regex
+        ids = []
+        for piece in regex.findall(self.pattern, text):
+            kept = bytes(b for b in piece.encode("utf-8", "surrogatepass") if b not in self.tokenless)
+            ids += self.enc._encode_single_piece(kept) if kept else []
+        return ids
 
     def decode(self, ids):
         return self.enc.decode(ids)

@@ -92,7 +92,8 @@ def official_tpf(batches):
     finished requests per generate_batch call. At batch 1 it differs from ours (tokens / steps) only past
     <|endoftext|>; at batch b it is about b times ours."""
     accepted = sum(g.accepted for gens in batches for g in gens)
-    return accepted / max(sum(gens[0].batch_forwards for gens in batches if gens), 1)
+    # a batch's forwards: every request takes part from the first, and the batch runs until the last one leaves
+    return accepted / max(sum(max(g.steps for g in gens) for gens in batches if gens), 1)
 
 
 def score(model, tok, examples, batch_size=64, **decode):
@@ -193,8 +194,8 @@ def wall_clock(ar, mars_model, B, prompts, args):
     print(f"wall clock on {len(prompts)} prompts, {args.repeats} repeats per row after a warm-up", file=sys.stderr)
     for bs in args.batch_sizes:
         decoders = [(tau, "mars_sliding", dict(cache="sliding"), None) for tau in args.speed_thresholds]
-        decoders += [(tau, "mars_block", dict(cache="block", cache_block=cb), cb)
-                     for tau in args.speed_thresholds for cb in args.cache_blocks]
+        decoders += [(tau, "mars_block", dict(cache="block", B_cache=cb), cb)
+                     for tau in args.speed_thresholds for cb in args.B_cache]
         if bs == 1:
             decoders += [(tau, "mars_nocache", dict(cache="none"), None) for tau in args.speed_thresholds]
             decoders += [(None, "lossless", dict(lossless=True), None)]
@@ -204,7 +205,7 @@ def wall_clock(ar, mars_model, B, prompts, args):
                                            prompts, bs, args.repeats)
             ar_rates += a
             rows.append({"decoder": name, "batch_size": bs, "threshold": tau, "cache_block": cb, **r})
-            print(f"  {name:12s} batch {bs:2d} tau {tau} cache_block {cb}: {r['tokens_per_second']:7.1f} tokens/s, "
+            print(f"  {name:12s} batch {bs:2d} tau {tau} B_cache {cb}: {r['tokens_per_second']:7.1f} tokens/s, "
                   f"{r['tokens_per_forward']:.2f} tokens/forward, {r['speedup']:.2f}x AR "
                   f"[{r['speedup_spread'][0]:.2f}, {r['speedup_spread'][1]:.2f}]", file=sys.stderr, flush=True)
         # AR's own row: its spread is its rates' range over their median, the noise every ratio above sits in
@@ -253,15 +254,16 @@ def get_args(argv=None):
                         "the median speedup is reported (default 3)")
     p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 4, 16],
                    help="batch sizes of the wall-clock rows (default 1 4 16); no-cache and lossless rows need 1")
-    p.add_argument("--cache_blocks", type=int, nargs="+", default=[4, 8, 16, 32],
-                   help="B_cache values of the block-cache rows (default 4 8 16 32)")
+    p.add_argument("--B_cache", type=int, nargs="+", default=[4, 8, 16, 32],
+                   help="the paper's B_cache (positions filled between two cache writes) of the block-cache rows, "
+                        "one row each (default 4 8 16 32)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
     args = p.parse_args(argv)
     args.thresholds = args.thresholds or ([0.95, 0.9] if args.data else [0.99, 0.98, 0.95, 0.9, 0.8, 0.7, 0.5])
     if any(not 0 < t <= 1 for t in args.thresholds + args.speed_thresholds):
         p.error("thresholds must be in (0, 1]")
-    if min([args.speed_prompts, args.repeats] + args.batch_sizes + args.cache_blocks + [args.limit or 1]) < 1:
-        p.error("--limit, --speed_prompts, --repeats, --batch_sizes and --cache_blocks must be at least 1")
+    if min([args.speed_prompts, args.repeats] + args.batch_sizes + args.B_cache + [args.limit or 1]) < 1:
+        p.error("--limit, --speed_prompts, --repeats, --batch_sizes and --B_cache must be at least 1")
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return args
 

@@ -13,9 +13,9 @@ import numpy as np
 
 import data
 from cli import UserError
-from engine import Engine
 from extras.eval import machine
-from extras.serve import PHASES, Adaptive, Fixed, WallClock, by_phase, calibrate, load_mars, make_trace, prompts_for_load
+from extras.serve import (PHASES, Adaptive, Fixed, ServingEngine, WallClock, by_phase, calibrate, load_mars, make_trace,
+                          prompts_for_load)
 from extras.serve_report import goals, markdown
 from extras.server import Server
 
@@ -90,8 +90,8 @@ def http_load(args):
     args.port, args.max_queue, args.max_connections = 0, len(trace) + 1, len(trace) + 64
     runs, whole = [], []
     for label, policy in {"tau=1.0": Fixed(1.0), "adaptive": Adaptive(ladder=tuple(args.ladder))}.items():
-        engine = Engine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens, n_vocab=tok.n_vocab,
-                        max_context=args.max_context)
+        engine = ServingEngine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens, n_vocab=tok.n_vocab,
+                               max_context=args.max_context)
         httpd = Server(engine, tok, policy, args)
         httpd.start()
         t_run = time.perf_counter()

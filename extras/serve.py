@@ -35,6 +35,7 @@ import os
 import random
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,7 +52,30 @@ PHASES = (("light", 0.5), ("overload", 1.3), ("recovery", 0.5))
 
 
 @dataclass(eq=False)
-class Timed(Request):
+class Served(Request):
+    """A request as a server holds it: a client may give up on it, and a policy may change its tau at any forward."""
+    cancelled: bool = False  # set by anyone (a client hung up): the request leaves before the next forward
+    tau_sum: float = 0.0  # the sum of its tau over its forwards
+
+
+class ServingEngine(Engine):
+    """The engine with a server's bookkeeping, for Served requests: the cancelled leave before the next
+    forward, and each request sums its tau over the forwards it takes part in (its mean tau)."""
+
+    def admit(self):
+        self.evict([i for i, r in enumerate(self.running) if not r.cancelled])
+        self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        super().admit()
+
+    def step(self):
+        stepped, finished, width = super().step()
+        for r in stepped:
+            r.tau_sum += r.tau
+        return stepped, finished, width
+
+
+@dataclass(eq=False)
+class Timed(Served):
     """A request of the trace, with its times (seconds since the start of the trace)."""
     arrival: float = 0.0
     example: dict = None  # the held-out example, for the answer checker
@@ -170,7 +194,7 @@ def make_trace(examples, phases, seed):
 
 def simulate(model, tok, trace, policy, B, max_batch, clock, max_new_tokens):
     """Serve a trace; returns (requests, steps), steps = [(end time, backlog, tau, tokens committed)]."""
-    engine = Engine(model, tok.eot, tok.mask, B, max_batch, max_new_tokens, n_vocab=tok.n_vocab)
+    engine = ServingEngine(model, tok.eot, tok.mask, B, max_batch, max_new_tokens, n_vocab=tok.n_vocab)
     reqs = [Timed(tok.prompt_ids(e["prompt"]), arrival=a, example=e) for a, e in trace]
     steps, i = [], 0
     while i < len(reqs) or engine.backlog:
@@ -254,8 +278,8 @@ def summarise(reqs, steps, start, end, slo, tok):
 def http_serve(args):
     from extras.server import Server  # the HTTP stack loads only when asked for
     model, tok, B, _ = load_mars(args.ckpt, args.device, args.dtype)
-    engine = Engine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens, n_vocab=tok.n_vocab,
-                    max_context=args.max_context)
+    engine = ServingEngine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens, n_vocab=tok.n_vocab,
+                           max_context=args.max_context)
     policy = Adaptive(ladder=tuple(args.ladder)) if args.adaptive else Fixed(args.tau)
     httpd = Server(engine, tok, policy, args, name=os.path.splitext(os.path.basename(os.path.normpath(args.ckpt)))[0])
     how = f"adaptive tau {args.ladder}" if args.adaptive else f"tau {args.tau} unless a request says"

@@ -1,10 +1,11 @@
 """An OpenAI-compatible HTTP server on the continuous-batching engine (engine.py) and its page:
 `python -m extras.serve --http` (see --help); extras/load_http.py sends it the load experiment.
 
-uvicorn speaks HTTP (h11) and Starlette routes. One engine thread owns the model and runs Engine.step
-as the load experiment does; a request waits on an asyncio queue that the thread feeds, one event per
-forward. The request schema (Chat) names any field we do not implement in a 400; errors keep OpenAI's
-shape. Another site's page cannot drive the server (HostCheck, read_json, CORS only with --cors).
+uvicorn speaks HTTP (h11) and Starlette routes. One engine thread owns the model and steps the engine
+(extras.serve.ServingEngine) as the load experiment does; a request waits on an asyncio queue that the
+thread feeds, one event per forward. The request schema (Chat) names any field we do not implement in a
+400; errors keep OpenAI's shape. Another site's page cannot drive the server (HostCheck, read_json, CORS
+only with --cors).
 SIGINT or SIGTERM: no new requests; those in flight get GRACE seconds, then an error each; exit 0.
 Our extensions: "tau" and "lossless" in the body; "forwards", "tokens_per_forward" and "tau" (the mean)
 in the usage; "mars" (tokens, tau) in each streamed forward.
@@ -36,7 +37,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cli import UserError
-from engine import Request
+from extras.serve import Served
 
 MAX_BODY = 1 << 20  # bytes of a request body; a longer one is read no further than 16x that, then 413
 BACKLOG = 2048  # connections the kernel queues before they are accepted: a burst of clients is never reset
@@ -64,7 +65,7 @@ def error(e):
 # The engine thread
 
 @dataclass(eq=False)
-class Job(Request):
+class Job(Served):
     pinned: bool = False  # the client chose its tau: the policy leaves it alone
     posted: int = 0  # tokens already posted to the client
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)  # the client's
@@ -405,8 +406,8 @@ def open_files(n):
 
 
 class Server(uvicorn.Server):
-    """uvicorn with the engine thread, on a socket bound here (a bad --host or --port is one line).
-    serve_forever() until SIGINT or SIGTERM; or start() and stop() from another thread."""
+    """uvicorn with the engine thread, on a socket bound here (a bad --host or --port is one line); engine: a
+    ServingEngine. serve_forever() until SIGINT or SIGTERM; or start() and stop() from another thread."""
 
     def __init__(self, engine, tok, policy, args, name="mars"):
         open_files(args.max_connections + 64)  # each connection holds one; the model and threads a few

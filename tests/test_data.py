@@ -145,19 +145,19 @@ def test_tokenizer_state_round_trip(tok, tmp_path):
         assert tok2.decode(tok.encode(s)) == s
 
 
-def test_toy_state_of_earlier_checkpoints_loads_unchanged(tok):
-    """A checkpoint's tokenizer from before states carried the chat format ({"pattern", "tokens"}) loads as the toy:
-    <|endoftext|><|user|>prompt<|assistant|>response<|endoftext|>, with the specials after the vocabulary."""
-    old = tokenizer.Tokenizer.from_state({"pattern": tok.pattern, "tokens": tok.state()["tokens"]})
+def test_pattern_and_tokens_alone_load_as_the_toy(tok):
+    """A state of only {"pattern", "tokens"} is the toy's: its chat format,
+    <|endoftext|><|user|>prompt<|assistant|>response<|endoftext|>, and the specials after the vocabulary."""
+    toy = tokenizer.Tokenizer.from_state({"pattern": tok.pattern, "tokens": tok.state()["tokens"]})
     n = len(tok.state()["tokens"])
-    assert (old.eot, old.mask, old.user, old.assistant, old.n_vocab) == (n, n + 1, n + 2, n + 3, n + 4)
+    assert (toy.eot, toy.mask, toy.user, toy.assistant, toy.n_vocab) == (n, n + 1, n + 2, n + 3, n + 4)
     prompt = [n, n + 2, *tok.encode("Hi <|user|>"), n + 3]
-    assert old.example_ids("Hi <|user|>", "Yo") == (prompt + tok.encode("Yo") + [n], len(prompt))
-    assert old.prompt_ids([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+    assert toy.example_ids("Hi <|user|>", "Yo") == (prompt + tok.encode("Yo") + [n], len(prompt))
+    assert toy.prompt_ids([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
                            {"role": "user", "content": "c"}]) == [n, n + 2, *tok.encode("a"), n + 3, *tok.encode("b"),
                                                                   n, n + 2, *tok.encode("c"), n + 3]
     with pytest.raises(ValueError, match="user and assistant turns only"):
-        old.prompt_ids([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+        toy.prompt_ids([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
 
 
 def test_long_whitespace_is_refused_not_a_panic(tok, monkeypatch):

@@ -66,7 +66,7 @@ def test_eval_writes_tables(tiny_run, tmp_path):
     proc = run_cli(["extras/eval.py", "--ar_ckpt", tiny_run / "ar.pt", "--ckpt", mars_pt, mars_pt,
                     "--control_ckpt", control_pt, "--out_dir", tmp_path, "--limit", "24",
                     "--thresholds", "0.9", "--speed_thresholds", "0.9", "--speed_prompts", "4", "--repeats", "2",
-                    "--batch_sizes", "1", "2", "--cache_blocks", "4"], fresh=True)
+                    "--batch_sizes", "1", "2", "--B_cache", "4"], fresh=True)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "eval.json").read_text())
     for plot in ("pareto.png", "metrics.png"):

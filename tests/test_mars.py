@@ -40,7 +40,7 @@ def test_attention_mask_matches_the_four_rules(T, B):
     mask = mars.mars_attention_mask(T, B)
     assert mask.shape == (2 * T, 2 * T) and mask.dtype == torch.bool
     assert torch.equal(mask, reference_mask(T, B))
-    assert mask.any(dim=1).all()  # every query sees something: no NaN rows in SDPA
+    assert mask.any(dim=1).all()  # every query sees something: SDPA gives no NaN
     assert mask.diagonal().all()
 
 
@@ -183,6 +183,33 @@ def test_mars_loss_matches_an_independent_computation(padded_batch, B):
         torch.testing.assert_close(clean.double(), clean_ref, atol=1e-6, rtol=0)
         torch.testing.assert_close(loss.double(), noisy_ref + w * clean_ref, atol=1e-5, rtol=0)
     assert abs(noisy_ref - clean_ref) > 1e-3  # the two streams really differ
+
+
+@pytest.mark.parametrize("B,offset", [(4, 0), (4, 3), (3, 1), (1, 0)])
+def test_leaving_out_idle_noisy_positions_changes_no_loss(padded_batch, monkeypatch, B, offset):
+    """mars_loss drops the noisy positions before the block of the batch's first target (a saving): with
+    the noisy stream in full the three losses are the same, whatever the blocks and weights."""
+    (x, y), tok = padded_batch
+    m = tok_model(tok, seed=B + offset)
+    skip = mars.idle_noisy_positions(y, B, offset)
+    first_target = int((y != -1).int().argmax(1).min())
+    assert 0 < skip <= first_target < skip + B and (skip + offset) % B == 0  # the start of that block
+    weights = torch.rand(len(x), dtype=torch.float64) * 5
+    trimmed = mars.mars_loss(m, x, y, tok.mask, B, 0.5, offset, weights)
+    monkeypatch.setattr(mars, "idle_noisy_positions", lambda *args: 0)
+    full = mars.mars_loss(m, x, y, tok.mask, B, 0.5, offset, weights)
+    for a, b in zip(trimmed, full):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_idle_noisy_positions_starts_at_zero_when_the_grid_does():
+    """A target inside the first block, or one shifted before position 0 by the offset, leaves nothing out."""
+    y = torch.full((2, 12), -1)
+    y[0, 6:] = 1
+    y[1, 2:] = 1
+    assert mars.idle_noisy_positions(y, 4) == 0
+    assert mars.idle_noisy_positions(y[:1], 4) == 4 and mars.idle_noisy_positions(y[:1], 4, offset=1) == 3
+    assert mars.idle_noisy_positions(y[:1], 8, offset=1) == 0  # block 0 is positions 0..6
 
 
 def test_no_sft_weights_are_one_over_uniform_t():

@@ -9,7 +9,7 @@ import model as model_lib
 import engine
 import cli
 import sample
-from conftest import EOT, MASK, random_model, random_prompts
+from conftest import EOT, MASK, V, random_model, random_prompts, tiny_config
 from extras.eval import official_tpf
 
 PROMPTS = random_prompts((3, 7, 12, 5, 1))
@@ -58,7 +58,7 @@ def test_test_models_are_meaningful(m, ar_out):
 @pytest.mark.parametrize("B", [2, 4, 8])
 @pytest.mark.parametrize("cache", ["sliding", "none", "block"])
 def test_tau_one_equals_ar_greedy(m, ar_out, B, cache):
-    gens = gen(m, B=B, tau=1.0, cache=cache, cache_block=5)
+    gens = gen(m, B=B, tau=1.0, cache=cache, B_cache=5)
     assert toks(gens) == ar_out
     assert all(len(g.chunks) == len(g.tokens) for g in gens)
     check_accounting(gens)
@@ -67,7 +67,7 @@ def test_tau_one_equals_ar_greedy(m, ar_out, B, cache):
 
 def test_ar_batched_and_cached_equals_reference(m, ar_out):
     for cache in ("sliding", "block", "none"):
-        assert toks(gen(m, B=1, cache=cache, cache_block=4)) == ar_out
+        assert toks(gen(m, B=1, cache=cache, B_cache=4)) == ar_out
 
 
 @pytest.mark.parametrize("B", [2, 4, 8])
@@ -106,15 +106,15 @@ def test_sliding_chunks_match_uncached_windows(m):
 # The paper's block cache, against an uncached re-implementation of the official
 # algorithm (MARSBlockCachedSampler), written here independently of sample.py
 
-def official_block_cache(m, prompt, tau, cache_block, max_new_tokens, eot=EOT, mask=MASK):
-    """Per block of cache_block positions: until it is full, feed [everything so far |
+def official_block_cache(m, prompt, tau, B_cache, max_new_tokens, eot=EOT, mask=MASK):
+    """Per block of B_cache positions: until it is full, feed [everything so far |
     masks to the block's end] and commit the first prediction, then the next ones while
     their probability >= tau; never past the block's end, and past <|endoftext|> too (the
     output stops there). Returns (chunks as the output shows them, inner forwards per block)."""
     ids, chunks, inner = list(prompt), [], []
     max_new_tokens = min(max_new_tokens, m.config.max_seq_len - len(prompt))  # and the context
     while True:
-        end = len(ids) + min(cache_block, len(prompt) + max_new_tokens - len(ids))
+        end = len(ids) + min(B_cache, len(prompt) + max_new_tokens - len(ids))
         inner.append(0)
         while len(ids) < end:
             x = torch.tensor([ids + [mask] * (end - len(ids) - 1)])
@@ -144,22 +144,22 @@ def official_forwards(inner):
     return out
 
 
-def check_block_cache(model, prompts, tau, cache_block, eot, mask, max_new_tokens=N):
-    ref = [official_block_cache(model, p, tau, cache_block, max_new_tokens, eot, mask) for p in prompts]
+def check_block_cache(model, prompts, tau, B_cache, eot, mask, max_new_tokens=N):
+    ref = [official_block_cache(model, p, tau, B_cache, max_new_tokens, eot, mask) for p in prompts]
     for batch_size in (1, 4, 16):
         for i in range(0, len(prompts), batch_size):
             batch = prompts[i:i + batch_size]
-            gens = engine.generate_batch(model, batch, eot, mask, B=4, tau=tau, cache="block", cache_block=cache_block,
+            gens = engine.generate_batch(model, batch, eot, mask, B=4, tau=tau, cache="block", B_cache=B_cache,
                                    max_new_tokens=max_new_tokens)
             assert [g.chunks for g in gens] == [c for c, _ in ref[i:i + batch_size]], (batch_size, i)
             assert [g.steps for g in gens] == official_forwards([n for _, n in ref[i:i + batch_size]])
     return [c for c, _ in ref]
 
 
-@pytest.mark.parametrize("cache_block", [3, 8, N + 8])
-def test_block_cache_is_the_official_algorithm(m, cache_block):
+@pytest.mark.parametrize("B_cache", [3, 8, N + 8])
+def test_block_cache_is_the_official_algorithm(m, B_cache):
     prompts = random_prompts([1 + (5 * i) % 13 for i in range(16)], seed=4)
-    chunks = check_block_cache(m, prompts, 0.5, cache_block, EOT, MASK)
+    chunks = check_block_cache(m, prompts, 0.5, B_cache, EOT, MASK)
     assert any(len(c) > 1 for cs in chunks for c in cs)  # multi-token steps happen
     sliding = [g.chunks for g in gen(m, prompts, B=4, tau=0.5)]
     assert sliding != chunks  # the paper's block cache is a different decoder at tau < 1
@@ -197,7 +197,7 @@ def test_decode_step_ragged_rows_join_and_leave(m):
     check(rows, kv)
 
 
-@pytest.mark.parametrize("kw", [dict(cache="sliding"), dict(cache="none"), dict(cache="block", cache_block=6)])
+@pytest.mark.parametrize("kw", [dict(cache="sliding"), dict(cache="none"), dict(cache="block", B_cache=6)])
 def test_trace(m, kw):
     """The trace holds, per forward and row, the window fed, the predictions read, what was
     committed and the cache length around it, consistently with the Generations."""
@@ -225,8 +225,8 @@ def test_trace(m, kw):
 def test_per_request_tau(m, ar_out):
     taus = [1.0, 0.3, 0.6, 0.9, 0.45]
     for cache in ("sliding", "block"):
-        batched = gen(m, B=4, tau=taus, cache=cache, cache_block=6)
-        alone = [gen(m, [p], B=4, tau=t, cache=cache, cache_block=6)[0] for p, t in zip(PROMPTS, taus)]
+        batched = gen(m, B=4, tau=taus, cache=cache, B_cache=6)
+        alone = [gen(m, [p], B=4, tau=t, cache=cache, B_cache=6)[0] for p, t in zip(PROMPTS, taus)]
         assert toks(batched) == toks(alone)
         assert batched[0].tokens == ar_out[0]
         assert len(batched[0].chunks) == len(batched[0].tokens)
@@ -250,7 +250,7 @@ def test_max_accept(m, ar_out):
 
 
 @pytest.mark.parametrize("kw", [dict(B=1), dict(B=4, tau=0.5), dict(B=4, lossless=True),
-                                dict(B=8, tau=0.3, cache="block", cache_block=3)], ids=["ar", "mars", "lossless", "block"])
+                                dict(B=8, tau=0.3, cache="block", B_cache=3)], ids=["ar", "mars", "lossless", "block"])
 def test_stops_at_eot(m, kw):
     """Pretend a token the model emits is <|endoftext|>: generation ends right after its first occurrence."""
     for p in PROMPTS[1:4]:
@@ -263,7 +263,7 @@ def test_stops_at_eot(m, kw):
 
 @pytest.mark.parametrize("n", [1, 2, 7])
 def test_max_new_tokens(m, ar_out, n):
-    for kw in (dict(B=1), dict(B=4, lossless=True), dict(B=4, tau=0.3), dict(B=8, tau=0.3, cache="block", cache_block=3)):
+    for kw in (dict(B=1), dict(B=4, lossless=True), dict(B=4, tau=0.3), dict(B=8, tau=0.3, cache="block", B_cache=3)):
         gens = gen(m, max_new_tokens=n, **kw)
         check_accounting(gens, n)
         for g, a in zip(gens, ar_out):
@@ -297,19 +297,19 @@ class CacheHighWater:
 
 
 def test_ragged_batches_near_the_context_limit_fit_the_kv_cache(m, monkeypatch):
-    """A block-cache window is up to cache_block + 1 wide and is padded across rows, so a row near the context
+    """A block-cache window is up to B_cache + 1 wide and is padded across rows, so a row near the context
     limit next to a short row at a block start needs its cached prefix plus the widest window: a 58- and a
-    4-token prompt at cache_block 16 overflowed a cache of max_seq_len + 2B (73 > 72 slots)."""
+    4-token prompt at B_cache 16 overflowed a cache of max_seq_len + 2B (73 > 72 slots)."""
     spy = CacheHighWater(monkeypatch)
     long, short = random_prompts((58, 4), seed=3)
-    alone = [gen(m, [p], B=4, tau=0.3, cache="block", cache_block=16)[0].tokens for p in (long, short)]
-    assert toks(gen(m, [long, short], B=4, tau=0.3, cache="block", cache_block=16)) == alone
+    alone = [gen(m, [p], B=4, tau=0.3, cache="block", B_cache=16)[0].tokens for p in (long, short)]
+    assert toks(gen(m, [long, short], B=4, tau=0.3, cache="block", B_cache=16)) == alone
     assert max(need for need, _ in spy.needs) > 64 + 2 * 4  # the old sizing could not hold it
     # every decoder, ragged batches of long and short prompts, up to the context
     prompts = random_prompts((60, 3, 41, 1, 57, 63, 9), seed=6)
     for kw in (dict(B=1), dict(B=8, tau=0.3), dict(B=4, lossless=True),
-               dict(B=4, tau=0.3, cache="block", cache_block=4), dict(B=8, tau=0.3, cache="block", cache_block=16),
-               dict(B=1, cache="block", cache_block=32)):
+               dict(B=4, tau=0.3, cache="block", B_cache=4), dict(B=8, tau=0.3, cache="block", B_cache=16),
+               dict(B=1, cache="block", B_cache=32)):
         for n in (2, N):
             gens = gen(m, prompts, max_new_tokens=n, **kw)
             assert all(len(p) + len(g.tokens) <= 64 for p, g in zip(prompts, gens))
@@ -324,12 +324,16 @@ def test_official_tokens_per_forward_counter(m):
     the same forward included) over the batch's forwards, each counted once."""
     trace = []
     gens = gen(m, B=4, tau=0.5, trace=trace)
-    assert {g.batch_forwards for g in gens} == {max(g.steps for g in gens)}  # rows leave; the batch runs on
+    forwards = len({e["step"] for e in trace})  # the batch's forwards, each counted once
+    assert len({g.steps for g in gens}) > 1  # rows leave at different forwards; the batch runs on
     for i, g in enumerate(gens):  # accepted = what mars.accept took at each of the row's forwards
         confs = [e["conf"] for e in trace if e["row"] == i]
         n = [mars.accept(torch.tensor([c]), 0.5).item() for c in confs]
         assert g.accepted == sum(n) >= len(g.tokens)
-    assert official_tpf([gens]) == sum(g.accepted for g in gens) / gens[0].batch_forwards
+    assert official_tpf([gens]) == sum(g.accepted for g in gens) / forwards
+    block_trace = []
+    block = gen(m, B=4, tau=0.5, cache="block", B_cache=6, trace=block_trace)
+    assert official_tpf([block]) == sum(g.accepted for g in block) / len({e["step"] for e in block_trace})
     alone = [gen(m, [p], B=4, tau=0.5) for p in PROMPTS]
     assert official_tpf(alone) == sum(g[0].accepted for g in alone) / sum(g[0].steps for g in alone)
     # past <|endoftext|>: pretend a token inside a multi-token chunk is the end; the rest of that chunk counts
@@ -399,7 +403,7 @@ class CacheSpy:
 
 
 @pytest.mark.parametrize("kw", [dict(B=4, lossless=True), dict(B=8, lossless=True), dict(B=4, tau=0.5),
-                                dict(B=4, tau=0.5, cache="block", cache_block=5)],
+                                dict(B=4, tau=0.5, cache="block", B_cache=5)],
                          ids=["lossless4", "lossless8", "sliding", "block"])
 def test_kv_cache_holds_exactly_the_committed_tokens(m, kw):
     for p in PROMPTS[1:3]:
@@ -437,8 +441,8 @@ def test_trained_checkpoint_lossless_and_tau_one_equal_ar(trained, splits):
 def test_trained_checkpoint_block_cache_is_the_official_algorithm(trained, splits):
     model, tok, _ = trained
     prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"][:16]]
-    for cache_block in (4, 16):
-        chunks = check_block_cache(model, prompts, 0.3, cache_block, tok.eot, tok.mask)
+    for B_cache in (4, 16):
+        chunks = check_block_cache(model, prompts, 0.3, B_cache, tok.eot, tok.mask)
         assert any(len(c) > 1 for cs in chunks for c in cs)
 
 
@@ -468,6 +472,20 @@ def test_readable_loop_equals_engine(m, tau):
         assert len(chunks) == g.steps
 
 
+def test_padding_rows_are_never_output(m):
+    """A real checkpoint's embedding can have rows past the tokenizer's ids (n_vocab). Here 8 such rows score
+    3x a real token's logit, so they would win often: generate and the engine both ban them, and still agree."""
+    padded = model_lib.GPT(tiny_config(V + 8)).double().eval()
+    rows = torch.cat([m.wte.weight, 3 * m.wte.weight[:8]])
+    padded.load_state_dict({**m.state_dict(), "wte.weight": rows, "lm_head.weight": rows})
+    assert any(t >= V for p in PROMPTS for t in sample.generate(padded, p, EOT, MASK, B=4, tau=0.5)[0])
+    for tau in (1.0, 0.5):
+        for p in PROMPTS:
+            out, chunks = sample.generate(padded, p, EOT, MASK, B=4, tau=tau, max_new_tokens=N, n_vocab=V)
+            g = engine.generate_batch(padded, [p], EOT, MASK, B=4, tau=tau, max_new_tokens=N, n_vocab=V)[0]
+            assert (out, chunks) == (g.tokens, g.chunks) and max(out) < V
+
+
 def test_trained_checkpoint_readable_loop_equals_engine(tiny_run, splits):
     """In float32, as sample.py runs: token for token and forward for forward, at several taus."""
     model, tok = cli.model_from_checkpoint(cli.load_checkpoint(str(tiny_run / "mars.pt")))
@@ -477,7 +495,7 @@ def test_trained_checkpoint_readable_loop_equals_engine(tiny_run, splits):
     for tau in (1.0, 0.95, 0.9, 0.7, 0.4):
         for e in splits["test"][:24]:
             p = tok.prompt_ids(e["prompt"])
-            out, chunks = sample.generate(model, p, tok.eot, tok.mask, B, tau)
+            out, chunks = sample.generate(model, p, tok.eot, tok.mask, B, tau, n_vocab=tok.n_vocab)
             g = engine.generate_batch(model, [p], tok.eot, tok.mask, B=B, tau=tau, n_vocab=tok.n_vocab)[0]
             assert (out, chunks, len(chunks)) == (g.tokens, g.chunks, g.steps), (tau, e["prompt"])
             multi += any(len(c) > 1 for c in chunks)
@@ -488,7 +506,7 @@ def test_trained_checkpoint_rows_equal_batch_one(trained, splits):
     """Each row of a batch commits what it commits alone, with either cache."""
     model, tok, ckpt = trained
     prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"][:10]]
-    for kw in (dict(cache="sliding"), dict(cache="block", cache_block=8)):
+    for kw in (dict(cache="sliding"), dict(cache="block", B_cache=8)):
         batched = engine.generate_batch(model, prompts, tok.eot, tok.mask, B=4, tau=0.6, **kw)
         alone = [engine.generate_batch(model, [p], tok.eot, tok.mask, B=4, tau=0.6, **kw)[0] for p in prompts]
         assert [g.chunks for g in batched] == [g.chunks for g in alone], kw
@@ -511,7 +529,7 @@ def test_tau_that_underflows_never_reads_another_rows_window(m):
 def test_block_cache_rows_join_at_block_writes(m):
     """With the block cache, a request that arrives mid-block waits for the next write, then
     commits exactly what it commits alone."""
-    eng = engine.Engine(m, EOT, MASK, 4, 3, N, cache="block", cache_block=6)
+    eng = engine.Engine(m, EOT, MASK, 4, 3, N, cache="block", B_cache=6)
     requests = [engine.Request(list(p), tau=0.5) for p in PROMPTS]
     joins = [0, 0, 2, 5, 9]
     step = 0
@@ -520,5 +538,5 @@ def test_block_cache_rows_join_at_block_writes(m):
         eng.step()
         step += 1
     for r, p in zip(requests, PROMPTS):
-        alone = engine.generate_batch(m, [p], EOT, MASK, B=4, tau=0.5, cache="block", cache_block=6, max_new_tokens=N)
+        alone = engine.generate_batch(m, [p], EOT, MASK, B=4, tau=0.5, cache="block", B_cache=6, max_new_tokens=N)
         assert r.tokens == alone[0].tokens

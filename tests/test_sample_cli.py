@@ -4,6 +4,7 @@ import json
 import pytest
 
 import data
+import sample as sample_py
 from conftest import assert_one_line_error, run_cli
 
 KEYS = {"prompt", "text", "tokens", "forwards", "tokens_per_forward", "seconds"}
@@ -43,7 +44,7 @@ def test_held_out_answers_are_marked_right_or_wrong(tiny_run):
 @pytest.mark.parametrize("cache", ["none", "sliding", "block"])
 def test_json_correct_and_chunks_for_every_cache(tiny_run, splits, cache):
     proc = sample("--ckpt", tiny_run / "mars.pt", "--json", "--num_prompts", "3", "--threshold", "0.5",
-                  "--cache", cache, "--cache_block", "4", "--batch_size", "3")
+                  "--cache", cache, "--B_cache", "4", "--batch_size", "3")
     rows = json_lines(proc)
     assert len(rows) == 3 and proc.stderr.strip().endswith("/3 right")
     for r, e in zip(rows, splits["test"]):
@@ -64,9 +65,27 @@ def test_threshold_one_equals_ar(tiny_run):
     assert all(r["forwards"] == r["tokens"] for r in mars_rows + ar_rows)
 
 
+def test_batch_one_runs_the_papers_loop(tiny_run, monkeypatch):
+    """At batch 1, greedy, with the sliding cache and the prob rule, sample.py decodes with sample.generate (the loop
+    the README quotes), one call per prompt, and prints what the engine prints for the same prompts: the same ids,
+    chunks and forwards. Batches and the other caches go to the engine."""
+    calls, generate = [], sample_py.generate
+    monkeypatch.setattr(sample_py, "generate", lambda *a, **kw: calls.append(a) or generate(*a, **kw))
+    timeless = lambda rows: [{k: v for k, v in r.items() if k not in ("seconds", "tokens_per_second")} for r in rows]
+    for flags in (["--threshold", "0.5"], ["--threshold", "1.0"], ["--ar"]):
+        args = ["--ckpt", tiny_run / "mars.pt", "--json", "--num_prompts", "6", *flags]
+        calls.clear()
+        loop = json_lines(sample(*args))
+        assert len(calls) == 6, flags
+        for engine_flags in (["--batch_size", "2"], ["--cache", "none"]):
+            assert timeless(json_lines(sample(*args, *engine_flags))) == timeless(loop), (flags, engine_flags)
+        assert len(calls) == 6  # the engine decoded those
+    assert loop[0]["forwards"] == loop[0]["tokens"] == len(loop[0]["chunks"])  # --ar: one token per forward
+
+
 @pytest.mark.parametrize("args", [
     ["--threshold", "0"], ["--threshold", "1.5"], ["--threshold", "abc"], ["--block_size", "0"],
-    ["--batch_size", "0"], ["--temperature", "-1"], ["--ar", "--lossless"], ["--metric", "nope"],
+    ["--batch_size", "0"], ["--B_cache", "0"], ["--temperature", "-1"], ["--ar", "--lossless"], ["--metric", "nope"],
 ], ids=lambda a: " ".join(a))
 def test_bad_flags(tiny_run, args):
     assert_one_line_error(sample("--ckpt", tiny_run / "mars.pt", *args))

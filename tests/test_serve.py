@@ -1,11 +1,11 @@
-"""extras.serve on engine.Engine: the engine decodes each request as generate decodes it alone, tau = 1.0
-rows carry no masks, the adaptive policy's hysteresis, and the command end to end."""
+"""extras.serve on its ServingEngine: the engine decodes each request as it decodes it alone, tau = 1.0
+rows carry no masks, cancelled requests leave, the adaptive policy's hysteresis, and the command end to end."""
 import json
 
 import pytest
 
 import cli
-from engine import Engine, generate_batch
+from engine import generate_batch
 from extras import serve
 from conftest import EOT, MASK, assert_one_line_error, random_model, random_prompts, run_cli
 
@@ -27,7 +27,7 @@ def serve_all(engine, requests, joins):
 
 
 def check_against_generate(model, prompts, taus, joins, eot, mask, B=4, max_batch=3, max_new_tokens=20):
-    engine = Engine(model, eot, mask, B, max_batch, max_new_tokens)
+    engine = serve.ServingEngine(model, eot, mask, B, max_batch, max_new_tokens)
     requests = [serve.Timed(p, arrival=j, tau=t) for p, t, j in zip(prompts, taus, joins)]
     shapes = serve_all(engine, requests, joins)
     batches = [b for b, _ in shapes]
@@ -36,7 +36,7 @@ def check_against_generate(model, prompts, taus, joins, eot, mask, B=4, max_batc
     for r in requests:
         alone = generate_batch(model, [r.prompt], eot, mask, B=B, tau=r.tau, max_new_tokens=max_new_tokens)[0]
         assert r.tokens == alone.tokens, (r.tau, len(r.prompt))
-        assert r.steps == alone.steps
+        assert r.steps == alone.steps and r.tau_sum == pytest.approx(r.tau * r.steps)
 
 
 def test_engine_equals_generate_alone_random_model():
@@ -61,7 +61,7 @@ def test_tau_one_rows_carry_no_masks():
     shapes, outputs = {}, {}
     for name, B, tau in [("ar", 1, 1.0), ("tau=1.0", 4, 1.0), ("tau=0.5", 4, 0.5)]:
         requests = [serve.Timed(p, arrival=0, tau=tau) for p in prompts]
-        shapes[name] = serve_all(Engine(model, EOT, MASK, B, 4, 12), requests, [0] * 4)
+        shapes[name] = serve_all(serve.ServingEngine(model, EOT, MASK, B, 4, 12), requests, [0] * 4)
         outputs[name] = [r.tokens for r in requests]
     assert shapes["ar"] == shapes["tau=1.0"] and outputs["ar"] == outputs["tau=1.0"]
     assert shapes["tau=1.0"][0] == (4, 11) and {w for _, w in shapes["tau=1.0"][1:]} == {1}
@@ -71,7 +71,7 @@ def test_tau_one_rows_carry_no_masks():
 
 def test_tau_is_read_at_every_step():
     model, prompts = random_model(), random_prompts([6, 6])
-    engine = Engine(model, EOT, MASK, 4, 2, 30)
+    engine = serve.ServingEngine(model, EOT, MASK, 4, 2, 30)
     requests = [serve.Timed(p, arrival=0, tau=0.5) for p in prompts]
     engine.waiting.extend(requests)
     widths = []
@@ -80,6 +80,8 @@ def test_tau_is_read_at_every_step():
             requests[0].tau = requests[1].tau = 1.0  # a policy lowers the load mid-request
         widths.append(engine.step()[2])
     assert min(widths[1:3]) >= 4 and widths[3:] == [1, 1, 1]
+    assert max(r.steps for r in requests) == 6  # one ran all six: 0.75 is the mean tau a server reports for it
+    assert [r.tau_sum for r in requests] == [0.5 * min(r.steps, 3) + 1.0 * max(r.steps - 3, 0) for r in requests]
 
 
 def test_adaptive_hysteresis():
@@ -155,7 +157,7 @@ def test_rejects_an_ar_checkpoint(tiny_run, tmp_path):
 
 def test_cache_is_copied_only_when_rows_change():
     """A step where no row joins or leaves must not touch the cache (it used to copy it twice per forward)."""
-    engine = Engine(random_model(), EOT, MASK, 4, 2, 8)
+    engine = serve.ServingEngine(random_model(), EOT, MASK, 4, 2, 8)
     calls = []
     for name in ("add_rows", "keep_rows"):
         method = getattr(engine.kv, name)
@@ -175,7 +177,7 @@ def test_cache_is_copied_only_when_rows_change():
 
 def test_cancelled_requests_leave_before_the_next_forward():
     model = random_model()
-    engine = Engine(model, EOT, MASK, 4, 3, 30)
+    engine = serve.ServingEngine(model, EOT, MASK, 4, 3, 30)
     requests = [serve.Timed(p, arrival=0, tau=0.7) for p in random_prompts([4, 6, 9, 5])]
     engine.waiting.extend(requests)
     engine.step()
@@ -193,7 +195,7 @@ def test_cancelled_requests_leave_before_the_next_forward():
 def test_engine_lossless_equals_ar():
     """lossless rows run through the same step: AR's output, in fewer forwards, beside threshold rows."""
     model, prompts = random_model(), random_prompts([3, 9, 20, 6, 12])
-    engine = Engine(model, EOT, MASK, 4, 3, 24)
+    engine = serve.ServingEngine(model, EOT, MASK, 4, 3, 24)
     requests = [serve.Timed(p, arrival=0, lossless=i != 2, tau=0.5 if i == 2 else 1.0)
                 for i, p in enumerate(prompts)]
     serve_all(engine, requests, [0, 0, 0, 1, 2])

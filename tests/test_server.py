@@ -22,7 +22,6 @@ import pytest
 
 import cli
 import sample
-from engine import Engine
 from extras import serve, server
 from conftest import ONE_THREAD, ROOT, assert_one_line_error, run_cli
 
@@ -39,7 +38,7 @@ def loaded(tiny_run):
 def start(model, tok, B, *flags, max_batch=4, policy=None):
     """A server on a free port, served from a thread; stop() ends it."""
     args = serve.get_args(["--port", "0", "--max_batch", str(max_batch), *flags])
-    engine = Engine(model, tok.eot, tok.mask, B, max_batch, MAX_NEW, n_vocab=tok.n_vocab)
+    engine = serve.ServingEngine(model, tok.eot, tok.mask, B, max_batch, MAX_NEW, n_vocab=tok.n_vocab)
     httpd = server.Server(engine, tok, policy or serve.Fixed(0.9), args)
     httpd.start()
     return httpd
