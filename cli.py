@@ -59,9 +59,19 @@ def check_device(device):
 # Checkpoints
 
 def load_checkpoint(path, device="cpu", dtype=None):
-    """The checkpoint dict, or UserError with a one-line reason. `path` is one of our .pt files or a
-    Hugging Face model directory (hf.read_checkpoint: weights in dtype, default float32)."""
+    """The checkpoint dict, or UserError with a one-line reason. `path` is one of our .pt files, a
+    Hugging Face model directory (hf.read_checkpoint: weights in dtype, default float32), or a GGUF
+    file or an installed one's short name, e.g. smollm2 (extras/gguf_file.py: the same)."""
     check_device(device)
+    path = str(path)
+    if path.endswith(".gguf") or not (os.path.exists(path) or path.endswith(".pt")):  # a GGUF file or short name
+        from extras import gguf_file  # GGUF files load only on this path
+        try:
+            file = gguf_file.named_file(path)
+            if file:
+                return gguf_file.read_checkpoint(file, device, dtype)
+        except (ValueError, OSError) as e:
+            raise UserError(f"{path}: {e}") from None
     if os.path.isdir(path):
         from extras import hf  # Hugging Face formats load only on this path
         try:
@@ -85,7 +95,7 @@ def model_from_checkpoint(ckpt, device="cpu", dtype=None):
         with torch.device("meta"):
             model = GPT(GPTConfig(**ckpt["model_config"]))
         model.load_state_dict(ckpt["model"], assign=True)
-    except (TypeError, RuntimeError):  # e.g. a checkpoint of the earlier GPT with learned positions
+    except (TypeError, RuntimeError):  # a config field or a weight's name or shape this GPT does not have
         raise UserError("this checkpoint's weights do not fit this version's GPT (rotary positions): retrain it "
                         "with python train.py") from None
     if model.config.tie_embeddings:  # assign replaced the shared parameter by two

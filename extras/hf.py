@@ -264,12 +264,14 @@ def export(ckpt, out_dir):
 
 
 def load_any(path):
-    """A checkpoint dict from one of our .pt files or a Hugging Face directory."""
-    if os.path.isdir(path):
-        try:
-            return read_checkpoint(path)
-        except (ValueError, OSError) as e:
-            raise type(e)(f"{path}: {e}") from None
+    """A checkpoint dict from one of our .pt files, a Hugging Face directory or a GGUF file (or short name)."""
+    from extras import gguf_file  # here, not at the top: it imports this module
+    try:
+        file = gguf_file.named_file(path)
+        if file or os.path.isdir(path):
+            return gguf_file.read_checkpoint(file) if file else read_checkpoint(path)
+    except (ValueError, OSError) as e:
+        raise type(e)(f"{path}: {e}") from None
     if not os.path.isfile(path):
         raise OSError(f"checkpoint not found: {path}")
     try:
@@ -283,7 +285,7 @@ def load_any(path):
 def main(argv=None):
     p = Parser(__doc__)
     p.add_argument("command", choices=["export"])
-    p.add_argument("ckpt", help="our checkpoint (.pt) or a Hugging Face directory")
+    p.add_argument("ckpt", help="our checkpoint (.pt), a Hugging Face directory, or a GGUF file (or smollm2)")
     p.add_argument("out_dir", help="the Hugging Face directory to write")
     args = p.parse_args(argv)
     export(load_any(args.ckpt), args.out_dir)

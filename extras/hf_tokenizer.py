@@ -21,6 +21,9 @@ from tokenizer import MAX_CHARS, Tokenizer
 
 # GPT-2's pattern: a ByteLevel pre-tokenizer with use_regex splits with it
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# SmolLM's Digits(individual_digits) then ByteLevel, as one pattern: GPT-2's with every digit a piece of its own,
+# and a whitespace run that ends at a digit kept whole (inside its piece, (?!\S) saw the piece's end there)
+DIGITS_GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
 PAD = "<|pad|>"  # the padding token an export adds: no chat template writes it into a prompt
 RENDER_SECONDS = 1.0  # a real template renders in about a millisecond
 MAX_OUTPUT = MAX_CHARS  # longer chat text could not be encoded anyway
@@ -191,18 +194,21 @@ def last_merge(ranks, token):
 
 
 def pre_tokenizer_pattern(pre):
-    """The split regex of a tokenizer.json pre-tokenizer: Split(regex) + ByteLevel (Qwen2, Llama 3), or
-    GPT-2's ByteLevel alone."""
+    """The split regex of a tokenizer.json pre-tokenizer: Split(regex) + ByteLevel (Qwen2, Llama 3),
+    GPT-2's ByteLevel alone, or Digits(individual_digits) + GPT-2's ByteLevel (SmolLM)."""
     parts = pre["pretokenizers"] if pre and pre["type"] == "Sequence" else [pre] if pre else []
     kinds = [p["type"] for p in parts]
     if kinds and kinds[-1] == "ByteLevel" and not parts[-1].get("add_prefix_space"):
         if kinds == ["ByteLevel"] and parts[0].get("use_regex", True):
             return GPT2_PATTERN
+        if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and parts[1].get("use_regex", True):
+            return DIGITS_GPT2_PATTERN
         split = parts[0]
         if kinds == ["Split", "ByteLevel"] and "Regex" in split["pattern"] and split["behavior"] == "Isolated" \
                 and not split.get("invert") and not parts[1].get("use_regex", True):
             return split["pattern"]["Regex"]
-    raise ValueError(f"unsupported pre-tokenizer {kinds} (Split + ByteLevel, as Qwen2 and Llama 3)")
+    raise ValueError(f"unsupported pre-tokenizer {kinds} (Split + ByteLevel, as Qwen2 and Llama 3; Digits + "
+                     "ByteLevel, as SmolLM)")
 
 
 def bpe_ranks(model, added):
@@ -247,8 +253,10 @@ def from_hf(tokenizer_json, tokenizer_config, chat_template=None, n_rows=None):
     ordinary = {s: a["id"] for s, a in added.items() if not a.get("special")}
     if "<|mask|>" not in added:
         free = 1 + max([*ranks.values(), *(a["id"] for a in added.values())])
-        # Llama 3 fills every row: a reserved special token, which no template writes, serves instead
-        reserved = sorted((i, s) for s, i in specials.items() if s.startswith("<|reserved_special_token"))
+        # Llama 3 and SmolLM2 fill every row: a special token of the model's own that no chat template writes
+        # serves instead, so MARS adds no parameter (Llama 3's reserved tokens; SmolLM2's <empty_output>)
+        reserved = sorted((i, s) for s, i in specials.items()
+                          if s.startswith("<|reserved_special_token") or s == "<empty_output>")
         if n_rows is not None and free >= n_rows:
             if not reserved:
                 raise ValueError(f"no spare embedding row for <|mask|>: tokenizer.json has {free} tokens and "
@@ -288,7 +296,8 @@ def to_hf(tok, pad):
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
                   "ignore_merges": True,  # as tiktoken: a piece that is a token is that token
-                  "vocab": {spell(b): i for b, i in ranks.items()}, "merges": merges}}
+                  # the added tokens too, as Hugging Face writes them: transformers renumbers one the vocab lacks
+                  "vocab": {**{spell(b): i for b, i in ranks.items()}, **dict(tokens)}, "merges": merges}}
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": tok.chat.template,
               **tok.chat.variables, "eos_token": tok.decode([tok.eot]), "pad_token": PAD, "mask_token": "<|mask|>",
               "padding_side": "left",  # decoding appends on the right
