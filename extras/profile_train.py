@@ -14,8 +14,8 @@ the whole [noisy | clean] input, as the loss fed it before (buckets 1, in_full: 
 
 Profile (docs/profile_cpu.json): the preset's model and optimizer, --steps steps of each stage after a
 warm-up, at each thread count and dtype: mean milliseconds per step of data (drawing and padding the
-batch), forward (the loss), backward, optimizer (clip, step, zero_grad), and the rest of train.Stage.step
-(timed on the same batch: Python around the four). Plus what mask and rotary tables cost per forward.
+batch), forward (the loss), backward, optimizer (clip, step, zero_grad), and their sum, the step. Plus
+what mask and rotary tables cost per forward.
 """
 import json
 import os
@@ -25,6 +25,7 @@ import time
 
 import torch
 
+import config
 import data
 import mars
 import model as model_py
@@ -76,18 +77,17 @@ def timed(fn, *a):
 
 
 def phases(stage):
-    """One step as train.Stage.step takes it (one process, no accumulation), its phases timed apart."""
+    """One step as train.train takes it (one process, no accumulation), its phases timed apart."""
     def draw():
-        drawn = data.draw_batch(stage.buckets, stage.args.batch_size, stage.order)
-        torch.randint(2**62, (1,), generator=stage.order)  # the step's own seed, as Stage.step draws it
-        return tuple(stage.batch([stage.rows[i] for i in drawn]))
-    (x, y), t_data = timed(draw)
+        rows, offset, weights = stage.draw()
+        return (*stage.batch(rows), offset, weights)
+    (x, y, offset, weights), t_data = timed(draw)
     with stage.amp:
-        (loss, _), t_fwd = timed(stage.loss, stage.run, x, y)
+        (loss, _), t_fwd = timed(stage.loss, stage.model, x, y, offset, weights)
     _, t_bwd = timed(loss.backward)
 
     def update():
-        torch.nn.utils.clip_grad_norm_(stage.model.parameters(), stage.args.grad_clip)
+        torch.nn.utils.clip_grad_norm_(stage.raw_model.parameters(), stage.args.grad_clip)
         stage.optimizer.step()
         stage.optimizer.zero_grad(set_to_none=True)
     _, t_opt = timed(update)
@@ -95,21 +95,13 @@ def phases(stage):
 
 
 def profile(stage, steps):
-    """Mean milliseconds per phase over `steps` steps (after a warm-up), and of train.Stage.step on the
-    very same batches: what that spends beyond the four phases is the rest. Every setting draws the same
-    batches (the order is reseeded)."""
+    """Mean milliseconds per phase over `steps` steps (after a warm-up), and per step (their sum). Every
+    setting draws the same batches (the order is reseeded)."""
     stage.order.manual_seed(0)
     phases(stage)
-    runs = []
-    for it in range(steps):  # which of the two goes first alternates: a batch's first pass may set up kernels
-        order = stage.order.get_state()
-        step = timed(stage.step, it)[1] if it % 2 else None
-        stage.order.set_state(order)
-        runs.append(phases(stage))
-        stage.order.set_state(order)
-        runs[-1]["step"] = step or timed(stage.step, it)[1]
+    runs = [phases(stage) for _ in range(steps)]
     ms = {k: 1000 * sum(r[k] for r in runs) / steps for k in runs[0]}
-    ms["rest"] = ms["step"] - sum(ms[k] for k in ("data", "forward", "backward", "optimizer"))
+    ms["step"] = sum(ms.values())
     return {k: round(v, 1) for k, v in ms.items()}
 
 
@@ -121,14 +113,14 @@ def per_forward(T=48, B=4, head_dim=64, reps=200):
             fn()
         return round(1000 * (time.perf_counter() - t) / reps, 4)
     pos = torch.arange(T).repeat(2)
-    return {"T": T, "mask_built": ms(lambda: mars.training_mask.__wrapped__(T, B, 0, 4, torch.device("cpu"))),
-            "mask_cached": ms(lambda: mars.training_mask(T, B, 0, 4, torch.device("cpu"))),
+    return {"T": T, "mask_built": ms(lambda: mars.training_mask.__wrapped__(T, B, 0, torch.device("cpu"))),
+            "mask_cached": ms(lambda: mars.training_mask(T, B, 0, torch.device("cpu"))),
             "rotary": ms(lambda: model_py.rotary(pos, head_dim, 10000.0, torch.float32))}
 
 
 def get_args(argv=None):
     p = Parser(__doc__)
-    p.add_argument("--preset", choices=train.PRESETS, default="cpu", help="the preset to measure (default cpu)")
+    p.add_argument("--preset", choices=config.PRESETS, default="cpu", help="the preset to measure (default cpu)")
     p.add_argument("--steps", type=int, default=6, help="timed steps per stage and setting (default 6)")
     p.add_argument("--batches", type=int, default=1000, help="batches counted per padding row (default 1000)")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads to time (default 1 2)")
@@ -143,7 +135,8 @@ def main(argv=None):
     args = get_args(argv)
     command = " ".join(["python -m extras.profile_train", *(sys.argv[1:] if argv is None else argv)])
     load_before, where = os.getloadavg()[0], machine()  # torch's default threads here; each row sets its own
-    targs = train.get_args(["--preset", args.preset, "--device", "cpu", "--out_dir", tempfile.mkdtemp()])
+    targs = config.get_args(["--preset", args.preset, "--device", "cpu", "--out_dir", tempfile.mkdtemp(),
+                             "--dtype", "float32"])  # each setting below sets its own autocast
     torch.manual_seed(0)
     net, tok, splits, _ = train.start_stage("ar", None, targs, None, print)
     stages = {name: train.Stage(name, net, tok, splits, targs, (0, 1)) for name in ("ar", "mars")}
@@ -175,8 +168,8 @@ def main(argv=None):
                    "without the noisy prompt blocks mars_loss leaves out, in_full with them (before); "
                    f"{args.batches} batches per row", "rows": rows}, f, indent=1)
     with open(os.path.join(args.out_dir, f"profile_{args.preset}.json"), "w") as f:
-        json.dump({**common, "what": f"mean ms per training step of the {args.preset} preset; rest = train.Stage.step "
-                   "minus data, forward, backward and optimizer", "note": note, "steps": args.steps,
+        json.dump({**common, "what": f"mean ms per training step of the {args.preset} preset; step = data + "
+                   "forward + backward + optimizer", "note": note, "steps": args.steps,
                    "rows": steps, "per_forward_ms": per_forward()}, f, indent=1)
 
 

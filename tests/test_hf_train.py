@@ -12,6 +12,7 @@ import data
 from extras import eval as evaluate
 from extras import hf
 import cli
+import config
 import sample
 import train
 from test_hf import build, hf_greedy
@@ -56,7 +57,7 @@ def run_train(*argv):
 
 @pytest.fixture(scope="module")
 def mars_run(qwen):
-    """Three MARS steps on the Hugging Face directory with the recipe's defaults (bf16 autocast included)."""
+    """Three MARS steps on the Hugging Face directory with the recipe's defaults (the precision measured)."""
     path, jsonl, root = qwen
     out = root / "out"
     run_train("--stage", "mars", "--init_from", path, "--data", jsonl, "--out_dir", out, "--device", "cpu",
@@ -98,7 +99,9 @@ def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, m
     cfg = ckpt["train_config"]
     # the recipe is the default for a Hugging Face directory, and flags override single values
     assert cfg["preset"] == "hf" and cfg["lr"] == cfg["mars_lr"] == 5e-6 and cfg["warmup"] == 0.03
-    assert cfg["weight_decay"] == 0.0 and cfg["betas"] == [0.9, 0.999] and cfg["dtype"] == "bfloat16"
+    assert cfg["weight_decay"] == 0.0 and cfg["betas"] == [0.9, 0.999]
+    # the recipe leaves the precision to the probe (--dtype auto), which recorded its timings
+    assert cfg["dtype"] == cfg["precision"]["dtype"] and cfg["precision"]["float32_ms"] > 0
     # rows of at most 512 tokens (the recipe), within the model's context (256 here)
     assert cfg["max_seq_len"] == 256 and cfg["mars_iters"] == 3 and cfg["micro_batch"] == 2
     assert ckpt["mars"]["B"] == 4 and ckpt["stage"] == "mars" and ckpt["done"] and ckpt["hf"]["model_type"] == "qwen2"
@@ -134,7 +137,7 @@ def test_continued_ar_sft_on_a_hugging_face_directory(qwen):
 
 def trained_from_hf_is_recipe(path):
     """Stage 2 from an ar.pt trained from a Hugging Face model takes the recipe by default too."""
-    return train.get_args(["--stage", "mars", "--init_from", str(path)]).preset == "hf"
+    return config.get_args(["--stage", "mars", "--init_from", str(path)]).preset == "hf"
 
 
 def test_hugging_face_directory_needs_data_and_the_recipe_needs_a_model(qwen, tmp_path):
@@ -142,7 +145,7 @@ def test_hugging_face_directory_needs_data_and_the_recipe_needs_a_model(qwen, tm
     with pytest.raises(cli.UserError, match="needs --data"):
         run_train("--stage", "mars", "--init_from", path, "--out_dir", tmp_path, "--device", "cpu")
     with pytest.raises(SystemExit):
-        train.get_args(["--preset", "hf"])
+        config.get_args(["--preset", "hf"])
 
 
 @pytest.mark.parametrize("text, answer", [

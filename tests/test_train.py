@@ -3,18 +3,21 @@ non-finite guard, and data-parallel training with torchrun (conftest.run_cli; re
 processes where a process matters: Ctrl-C, torchrun, --compile)."""
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+import cli
+import config
 import data
 import mars
-import cli
 import train
 from conftest import ONE_THREAD, ROOT, assert_one_line_error, run_cli
 
@@ -39,11 +42,14 @@ def test_tiny_run_all_stages(tiny_run):
     """The shared session run (train.main in-process, --stage all) wrote everything."""
     for stage in ("ar", "mars"):
         ckpt = assert_checkpoint(tiny_run / f"{stage}.pt", stage)
-        assert ckpt["iter"] == train.PRESETS["tiny"][f"{stage}_iters"]
+        assert ckpt["iter"] == config.PRESETS["tiny"][f"{stage}_iters"]
         log = json.loads((tiny_run / f"{stage}_log.json").read_text())
         assert [r["iter"] for r in log] == list(range(1, ckpt["iter"] + 1))
         assert (tiny_run / f"{stage}_loss.png").stat().st_size > 1000
         assert log[-1]["stage_seconds"] >= log[-1]["elapsed_s"] > 0  # the stage's wall time: setup and validation too
+        # the tiny preset pins float32, so its losses are the same on every machine (no probe)
+        assert log[-1]["precision"] == ckpt["train_config"]["precision"] == {"dtype": "float32",
+                                                                             "reason": "the tiny preset's"}
     assert load(tiny_run / "mars.pt")["mars"]["B"] == 4
     summary = json.loads((tiny_run / "summary.json").read_text())
     assert [r["threshold"] for r in summary] == [None, 1.0, 0.9]
@@ -55,7 +61,8 @@ def test_each_stage_logs_its_validation_accuracy(tiny_run):
     """The last log record of a stage holds the greedy accuracy on the validation prompts (what a data
     mix is chosen on): the same figures eval.score gives for the saved checkpoint on those prompts."""
     from extras.eval import score
-    val = data.build_instruction_set(0, train.PRESETS["tiny"]["n_train"])["val"][:train.PRESETS["tiny"]["summary_limit"]]
+    tiny = config.PRESETS["tiny"]
+    val = data.build_instruction_set(0, tiny["n_train"])["val"][:tiny["summary_limit"]]
     for stage, B in (("ar", 1), ("mars", 4)):
         last = json.loads((tiny_run / f"{stage}_log.json").read_text())[-1]
         model, tok = cli.model_from_checkpoint(load(tiny_run / f"{stage}.pt"))
@@ -63,6 +70,44 @@ def test_each_stage_logs_its_validation_accuracy(tiny_run):
         assert last["val_accuracy"] == r["accuracy"]
         assert last["val_per_task"] == {k: round(v["accuracy"], 4) for k, v in r["per_task"].items()}
         assert set(last["val_per_task"]) == set(data.TASKS)
+
+
+# The tiny preset's losses with seed 0: steps 1 to 20, the last step and the last validation loss, as
+# `python train.py --preset tiny` trained them (and, from its ar.pt, --stage control and --stage mars --no_sft
+# --block_offset random). What the loop trains must not change with how it is written; the tolerance
+# leaves room for other CPU kernels (AVX2, AVX-512) and thread counts.
+RECORDED = {
+    "ar": [6.243201, 6.162933, 5.939023, 5.993511, 5.814417, 5.741972, 5.52785, 5.403128, 5.325809, 5.048731,
+           5.217499, 4.775753, 4.684491, 4.88992, 4.8042, 4.774744, 4.581063, 4.288896, 4.637951, 4.252309,
+           3.266894, 3.951051],
+    "mars": [8.305395, 7.873238, 7.530859, 6.978845, 8.017904, 7.837166, 8.722902, 7.757631, 9.214622, 8.245268,
+             7.63775, 6.993662, 7.20224, 7.471941, 6.692234, 6.625882, 6.686236, 6.862088, 7.457521, 5.807171,
+             6.212432, 6.500416],
+    "control": [3.61644, 3.694952, 3.381108, 3.120434, 3.694993, 3.606918, 4.063271, 3.536238, 3.88839, 3.177651,
+                3.248993, 2.886333, 3.227591, 3.1856, 2.746214, 2.865573, 2.87925, 2.934155, 3.568245, 2.324401,
+                2.534563, 2.762205],
+    "no_sft": [10.88731, 36.22842, 16.09932, 9.156023, 17.41296, 9.469558, 29.85783, 58.19818, 44.19955, 14.06161,
+               12.91224, 10.34294, 54.92441, 16.6311, 10.49489, 107.2169, 15.45365, 8.266948, 8.540608, 7.481094,
+               14.43618, 3.660956],
+}
+
+
+def recorded_part(log_path):
+    log = json.loads(log_path.read_text())
+    return [r["loss"] for r in log[:20]] + [log[-1]["loss"], log[-1]["val_loss"]]
+
+
+def test_tiny_preset_trains_the_recorded_losses(tiny_run, tmp_path):
+    """Same seed, same losses: stage 1 and MARS (the shared run), the control and the no_sft ablation with
+    random block offsets (their per-step random draws), each against the numbers recorded above."""
+    for stage in ("ar", "mars"):
+        assert recorded_part(tiny_run / f"{stage}_log.json") == pytest.approx(RECORDED[stage], rel=1e-4), stage
+    for key, stage, flags in (("control", "control", []), ("no_sft", "mars", ["--no_sft", "--block_offset", "random"])):
+        d = tmp_path / key
+        proc = run_cli(["train.py", "--preset", "tiny", "--stage", stage, *flags, "--init_from", tiny_run / "ar.pt",
+                        "--summary_limit", "0", "--device", "cpu", "--out_dir", d])
+        assert proc.returncode == 0, proc.stderr
+        assert recorded_part(d / f"{stage}_log.json") == pytest.approx(RECORDED[key], rel=1e-4), key
 
 
 def test_stage_ar_then_mars(tmp_path):
@@ -193,10 +238,10 @@ def test_ddp_two_processes(tmp_path):
     proc = run_ddp(["--preset", "tiny", "--ar_iters", "10", "--mars_iters", "10", "--summary_limit", "4",
                     "--out_dir", d])
     assert proc.returncode == 0, ddp_failure(proc)
-    assert train.PRESETS["tiny"]["save_every"] > 10
+    assert config.PRESETS["tiny"]["save_every"] > 10
     ar = assert_checkpoint(d / "ar.pt", "ar")
     assert_checkpoint(d / "mars.pt", "mars")
-    assert ar["train_config"]["batch_size"] == train.PRESETS["tiny"]["batch_size"]
+    assert ar["train_config"]["batch_size"] == config.PRESETS["tiny"]["batch_size"]
     assert (d / "summary.json").exists()
     # only rank 0 prints
     assert proc.stdout.count("instruction set:") == 1
@@ -271,6 +316,7 @@ def test_bf16_autocast_on_cpu_both_stages(tmp_path):
     for stage in ("ar", "mars"):
         ckpt = assert_checkpoint(tmp_path / f"{stage}.pt", stage)
         assert ckpt["train_config"]["dtype"] == "bfloat16"
+        assert ckpt["train_config"]["precision"] == {"dtype": "bfloat16", "reason": "--dtype bfloat16"}
         assert all(v.dtype == torch.float32 for v in ckpt["model"].values())  # autocast keeps fp32 weights
 
 
@@ -281,7 +327,75 @@ def test_gpu_preset_takes_a_step_on_cpu(tmp_path):
     assert proc.returncode == 0, proc.stderr
     ckpt = assert_checkpoint(tmp_path / "ar.pt", "ar")
     assert ckpt["model_config"]["n_layer"] == 8 and ckpt["model_config"]["n_embd"] == 512
-    assert ckpt["train_config"]["dtype"] == "float32"  # bf16 is the default on CUDA only
+    precision = ckpt["train_config"]["precision"]  # the preset leaves it to the probe
+    assert ckpt["train_config"]["dtype"] == precision["dtype"] and precision["float32_ms"] > 0
+
+
+# A CPU without native bf16, emulated on one with it: torch's, oneDNN's and MKL's kernels limited to AVX2
+# (there a bf16 matmul runs 10-30x slower than in float32). torch reads these when it is imported.
+NO_NATIVE_BF16 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="AVX2 is an x86 instruction set")
+def test_precision_probe_picks_float32_without_native_bf16_and_dtype_forces(tmp_path):
+    """--dtype auto times both precisions on the model's shapes and, where bf16 is slow, trains in float32:
+    the log says so with the timings and the CPU's capability, and the checkpoint and the stage log record
+    them. --dtype bfloat16 still trains in bf16 there."""
+    cmd = ["train.py", "--preset", "tiny", "--stage", "ar", "--ar_iters", "2", "--summary_limit", "0"]
+    proc = run_cli(cmd + ["--dtype", "auto", "--out_dir", tmp_path / "auto"], env=NO_NATIVE_BF16)
+    assert proc.returncode == 0, proc.stderr
+    cfg = load(tmp_path / "auto" / "ar.pt")["train_config"]
+    assert cfg["dtype"] == cfg["precision"]["dtype"] == "float32"
+    assert cfg["precision"]["device"] == "CPU capability AVX2"
+    assert cfg["precision"]["bfloat16_ms"] > cfg["precision"]["float32_ms"] > 0
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("precision:"))
+    assert line.startswith("precision: float32") and "AVX2" in line and " ms" in line
+    assert json.loads((tmp_path / "auto" / "ar_log.json").read_text())[-1]["precision"] == cfg["precision"]
+    proc = run_cli(cmd + ["--dtype", "bfloat16", "--out_dir", tmp_path / "forced"], env=NO_NATIVE_BF16)
+    assert proc.returncode == 0, proc.stderr
+    assert load(tmp_path / "forced" / "ar.pt")["train_config"]["dtype"] == "bfloat16"
+    assert "precision:" not in proc.stdout  # nothing measured
+
+
+def simulated(per_row, bf16_ratio):
+    """A time_run for config.probe: float32 takes per_row seconds a row, bf16 bf16_ratio times that; and the
+    list of (rows, bf16, seconds) it was asked for."""
+    runs = []
+
+    def time_run(rows, bf16):
+        runs.append((rows, bf16, rows * per_row * (bf16_ratio if bf16 else 1)))
+        return runs[-1][2]
+    return time_run, runs
+
+
+@pytest.mark.parametrize("bf16_ratio, want", [(0.3, "bfloat16"), (0.9, "bfloat16"), (0.95, "float32"),
+                                              (1.5, "float32"), (30, "float32"), (300, "float32")])
+def test_precision_probe_decides_on_a_clear_margin_within_its_budget(bf16_ratio, want):
+    """On simulated timings: bf16 only where it takes at most 90% of float32's time; the runs after the
+    warm-up take about the probe's budget in all, however slow bf16 is, as the rows shrink until the
+    slower precision's run takes a tenth of it."""
+    time_run, runs = simulated(1e-4, bf16_ratio)
+    fp32, bf16, rows = config.probe(time_run, tokens=8192, budget=2.0)
+    assert config.decide(fp32, bf16) == want
+    assert (fp32, bf16) == pytest.approx((rows * 1e-4, rows * 1e-4 * bf16_ratio))
+    timed = runs[4:]  # after two warm-up runs of each precision
+    assert {r for r, _, _ in timed} == {rows} and max(t for _, _, t in timed) <= 0.2 + 1e-9
+    assert sum(t for _, _, t in timed) <= 2.0 + 2 * 0.2
+    time_run, _ = simulated(1e-9, bf16_ratio)  # a fast device: the whole step's tokens
+    assert config.probe(time_run, tokens=8192, budget=2.0)[2] == 8192
+
+
+def test_progress_prints_30_s_after_its_last_line(monkeypatch, capsys):
+    """A slow machine learns its ETA within the first minute: between the lines every 2% of the stage, a
+    line comes once 30 s have passed since the last one."""
+    clock = [1000.0]
+    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0]))
+    progress = train.Progress(SimpleNamespace(name="ar", rank=0, iters=5000, first_step=0, seconds_before=0.0), 0)
+    for step, seconds, prints in ((1, 29, False), (2, 2, True), (3, 10, False), (4, 25, True)):
+        clock[0] += seconds
+        progress.report({"iter": step, "lr": 1e-3, "loss": 2.0, "elapsed_s": 0.0}, 1000)
+        out = capsys.readouterr().out
+        assert (out.startswith(f"ar {step}/5000 ") and "ETA stage" in out) if prints else out == "", (step, out)
 
 
 MARS_RESUME = ["train.py", "--preset", "tiny", "--stage", "mars", "--mars_iters", "60", "--save_every", "5",
@@ -417,7 +531,7 @@ def test_bucketed_batch_loss_is_the_mean_of_per_example_losses(tok, splits):
 def test_run_eta_counts_what_follows_each_stage(splits):
     """The ETA of the whole run: after stage 1 come stage 2, the validation accuracies and the summary;
     after stage 2, its validation accuracy and the summary; a lone stage has no summary after it."""
-    args = train.get_args(["--preset", "tiny", "--device", "cpu"])
+    args = config.get_args(["--preset", "tiny", "--device", "cpu"])
     after_ar = train.cost_after("ar", ["ar", "mars"], args, splits)
     after_mars = train.cost_after("mars", ["ar", "mars"], args, splits)
     assert after_ar > train.STEP_COST["mars"] * args.mars_iters > after_mars > 0

@@ -1,0 +1,203 @@
+"""The command line of train.py: its presets and flags, and the precision it trains in.
+
+    python train.py                       # both stages with the default preset, then a held-out summary
+    python train.py --preset tiny         # seconds, for tests
+    python train.py --stage mars --init_from out/ar.pt
+    python train.py --stage control       # the control: stage 2 without its noisy stream
+    python train.py --stage mars --init_from Qwen2.5-0.5B-Instruct/ --data my.jsonl   # a real model
+    torchrun --standalone --nproc_per_node=2 train.py --preset tiny   # data parallel
+
+Writes <out_dir>/ar.pt and mars.pt (control.pt with --stage control; self-contained: weights, model config,
+tokenizer, training config, optimizer state for --resume), a JSON log and a loss plot per stage, summary.json.
+"""
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from cli import Parser, check_device
+
+# One source of truth for every number: flags override single entries. A real model's recipe: extras/hf_train.py.
+# dtype: the autocast precision; a preset without one measures which is faster on the device (choose_dtype).
+TOY = dict(warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
+PRESETS = {
+    "tiny": dict(n_layer=2, n_head=2, n_embd=64, max_seq_len=64, vocab_size=512, n_train=4000, summary_limit=40,
+                 batch_size=16, ar_iters=60, mars_iters=60, lr=3e-3, mars_lr=3e-3, eval_every=30, save_every=30,
+                 dtype="float32", **TOY),  # float32: the same losses on every machine
+    # cpu: 5,000 stage-1 steps, chosen on validation (docs/recipe_search_cpu.json)
+    "cpu": dict(n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048, n_train=40000, summary_limit=None,
+                batch_size=32, ar_iters=5000, mars_iters=2400, lr=2e-3, mars_lr=2e-3, eval_every=200, save_every=200,
+                **TOY),
+    "gpu": dict(n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000, summary_limit=None,
+                batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3, eval_every=500, save_every=500,
+                **TOY),
+}
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
+OVERRIDES = [("n_layer", int, "layers"), ("n_head", int, "attention heads"), ("n_embd", int, "model width"),
+             ("max_seq_len", int, "context in tokens; longer examples are dropped"),
+             ("vocab_size", int, "tokenizer vocabulary (at most)"), ("n_train", int, "built-in training examples"),
+             ("batch_size", int, "global batch in sequences, whatever the number of processes"),
+             ("micro_batch", int, "sequences per forward per process (default batch_size / processes)"),
+             ("ar_iters", int, "steps of stage 1"), ("mars_iters", int, "steps of stage 2 and the control"),
+             ("lr", float, "peak learning rate of stage 1 (linear warmup, then cosine to zero)"),
+             ("mars_lr", float, "peak learning rate of stage 2 and the control"),
+             ("warmup", float, "warmup, a fraction of the stage's steps"), ("weight_decay", float, "on matrices"),
+             ("eval_every", int, "steps between validation losses"), ("save_every", int, "steps between checkpoints"),
+             ("summary_limit", int, "validation and test prompts decoded at the end (default all)")]
+PROBE_SECONDS = 2.0  # what the precision probe may spend timing runs
+BF16_MARGIN = 0.9  # bf16 autocast only where it takes at most 90% of float32's time: noise alone never tips it
+
+
+def get_args(argv=None):
+    p = Parser(__doc__)
+    p.add_argument("--preset", choices=[*PRESETS, "hf"], help="tiny (seconds), cpu, gpu, or hf (the paper's recipe "
+                   "for a real model, the default when --init_from is one or was trained from one)")
+    p.add_argument("--stage", choices=["ar", "mars", "all", "control"], default="all", help="ar: stage 1 (AR SFT); "
+                   "mars: stage 2; all: both, then the summary (default); control: stage 2 without its noisy stream")
+    p.add_argument("--init_from", help="what stage 2 or the control starts from (default <out_dir>/ar.pt), or a "
+                                       "Hugging Face model directory, where every stage starts")
+    p.add_argument("--out_dir", default="out", help="where checkpoints, logs and plots go (default out)")
+    p.add_argument("--data", help="your own instruction data: JSONL of {prompt, response} or {messages}")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its --out_dir")
+    p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cuda when available)")
+    p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batch order")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="autocast precision of training; auto "
+                   "(the default, unless the preset sets one) times both on the model's shapes at start and takes "
+                   "bf16 where it is clearly faster; weights, optimizer and decoding stay float32")
+    p.add_argument("--buckets", type=int, default=16, help="length buckets; a batch comes from one, so it has "
+                                                           "little padding (default 16; 1: uniform batches)")
+    p.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (default 1.0)")
+    g = p.add_argument_group("MARS (stage 2)")
+    g.add_argument("--block_size", type=int, default=4, help="B, the MARS block: masks predicted together (default 4)")
+    g.add_argument("--ar_weight", type=float, help="alpha, weight of the clean-stream (AR) loss (default 1.0; 0 is "
+                                                   "not the paper's 'w/o SFT loss' ablation: that is --no_sft)")
+    g.add_argument("--no_sft", action="store_true", help="the paper's 'w/o SFT loss' ablation: no clean-stream loss, "
+                                                         "each sequence's noisy loss weighted 1/t, t ~ U[0.001, 1)")
+    g.add_argument("--block_offset", choices=["fixed", "random"], default="fixed", help="fixed: the paper's blocks, "
+                   "at multiples of B (default); random: shifted by a random offset every step (an ablation)")
+    g = p.add_argument_group("preset overrides (default: the preset's value)")
+    for name, kind, text in OVERRIDES:
+        g.add_argument(f"--{name}", type=kind, help=text)
+    return resolve(p, p.parse_args(argv))
+
+
+def resolve(p, args):
+    """Fills what the flags left open from the preset; refuses what cannot run."""
+    stage2 = args.stage in ("mars", "control")  # they start from --init_from, by default <out_dir>/ar.pt
+    args.from_hf = from_hf(args.init_from or (os.path.join(args.out_dir, "ar.pt") if stage2 else None))
+    args.preset = args.preset or ("hf" if args.from_hf else "gpu" if torch.cuda.is_available() else "cpu")
+    if args.preset == "hf" and not args.from_hf:
+        p.error("--preset hf fine-tunes a real model: give --init_from DIR (a Hugging Face model directory)")
+    if args.preset == "hf":
+        from extras.hf_train import PRESET as preset  # the Hugging Face path only
+    given = args.dtype
+    for k, v in (preset if args.preset == "hf" else PRESETS[args.preset]).items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
+    args.dtype = args.dtype or "auto"
+    # what the checkpoint records of the choice; choose_dtype fills it for auto
+    args.precision = None if args.dtype == "auto" else {
+        "dtype": args.dtype, "reason": f"--dtype {given}" if given else f"the {args.preset} preset's"}
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.data = args.data and os.path.abspath(args.data)  # the checkpoint must find it from anywhere
+    counts = ("block_size", "ar_iters", "mars_iters", "eval_every", "save_every", "batch_size", "buckets")
+    if any(getattr(args, k) is not None and getattr(args, k) < 1 for k in counts):
+        p.error(f"--{', --'.join(counts)} must be >= 1")
+    if not args.from_hf and (args.n_embd % args.n_head or (args.n_embd // args.n_head) % 2):
+        p.error("--n_embd must split into --n_head heads of an even width (rotary positions rotate pairs)")
+    if (args.ar_weight or 0) < 0 or (args.no_sft and args.ar_weight is not None):
+        p.error("--ar_weight must be >= 0, and --no_sft has no clean-stream loss to weight")
+    args.ar_weight = 0.0 if args.no_sft else 1.0 if args.ar_weight is None else args.ar_weight
+    check_device(args.device)
+    return args
+
+
+def from_hf(path):
+    """Whether a run starts from a real model: a Hugging Face directory, a GGUF file (or an installed one's
+    short name, e.g. smollm2), or our checkpoint trained from one (it carries "hf"; read with mmap, so its
+    tensors stay on disk)."""
+    if path is None or os.path.isdir(path) or path.endswith(".gguf"):
+        return path is not None
+    if not os.path.exists(path):  # a short name; any other missing path is reported when the stage loads it
+        from extras.gguf_file import SHORT_NAMES
+        return path in SHORT_NAMES
+    try:  # an unreadable file is reported when the stage loads it
+        return "hf" in torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception:
+        return False
+
+
+def stage2_flags(args):
+    """What a MARS checkpoint records of its stage-2 flags (and --resume checks)."""
+    return {"B": args.block_size, "ar_weight": args.ar_weight, "no_sft": args.no_sft, "block_offset": args.block_offset}
+
+
+# ---------------------------------------------------------------------------
+# The precision, measured: bf16 autocast is several times faster than float32 where the CPU or GPU has
+# native bf16, and 10-30x slower where it has not (e.g. AVX2 only), so the choice is timed, not assumed.
+
+def matmul_timer(model_config, device):
+    """time_run(rows, bf16): seconds of one forward and backward of the model's widest matmul (its MLP's
+    up-projection) on `rows` tokens, in float32 or under bf16 autocast, as a training step runs it."""
+    device = torch.device(device)  # ones, not randn: the values do not change a matmul's speed, nor the seeded RNG
+    w = torch.ones(model_config.intermediate_size, model_config.n_embd, device=device, requires_grad=True)
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None  # time the work, not its launch
+
+    def time_run(rows, bf16):
+        x = torch.ones(rows, model_config.n_embd, device=device, requires_grad=True)
+        sync()
+        t = time.perf_counter()
+        with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+            out = F.linear(x, w)
+        out.sum().backward()
+        sync()
+        return time.perf_counter() - t
+    return time_run
+
+
+def probe(time_run, tokens, budget=PROBE_SECONDS):
+    """(float32 seconds, bf16 seconds, rows): the best of up to 5 alternating runs on a step's tokens, until
+    the runs have taken `budget` seconds. Two runs of each on 16 rows warm up and size the rest: the rows
+    shrink until the slower precision's run takes a tenth of the budget, so no single run overshoots it."""
+    per_row = max(min(time_run(16, bf16) for _ in range(2)) for bf16 in (False, True)) / 16
+    rows = max(1, min(tokens, int(budget / 10 / per_row)))
+    best, spent = [math.inf, math.inf], 0.0
+    for _ in range(5):
+        for i, bf16 in enumerate((False, True)):
+            t = time_run(rows, bf16)
+            best[i], spent = min(best[i], t), spent + t
+        if spent > budget:
+            break
+    return best[0], best[1], rows
+
+
+def decide(float32_s, bfloat16_s):
+    """bf16 autocast where it takes at most BF16_MARGIN of float32's time."""
+    return "bfloat16" if bfloat16_s <= BF16_MARGIN * float32_s else "float32"
+
+
+def choose_dtype(args, model_config, world, say):
+    """--dtype auto: times both precisions on the model's shapes at a step's token count (probe, on one CPU
+    thread) and trains in bf16 autocast only where it is clearly faster. Sets args.dtype and args.precision
+    (the checkpoint's train_config and the stage log record both) and says why."""
+    tokens = (args.micro_batch or args.batch_size // world) * args.max_seq_len
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the precisions differ per core; a second thread may wait on a core others hold
+    times = torch.tensor(probe(matmul_timer(model_config, args.device), tokens), device=args.device)
+    torch.set_num_threads(threads)
+    if dist.is_initialized():  # every process trains in rank 0's choice
+        dist.broadcast(times, 0)
+    fp32, bf16, rows = times.tolist()
+    args.dtype = decide(fp32, bf16)
+    where = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
+             else f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
+    reason = (f"bf16 autocast took {bf16 / fp32:.2f}x float32's time ({1e3 * bf16:.2f} against {1e3 * fp32:.2f} ms, "
+              f"forward and backward of the model's {model_config.n_embd} x {model_config.intermediate_size} MLP "
+              f"matmul on {int(rows)} tokens, {where}); bf16 needs {BF16_MARGIN}x or less")
+    args.precision = {"dtype": args.dtype, "reason": reason, "float32_ms": round(1e3 * fp32, 3),
+                      "bfloat16_ms": round(1e3 * bf16, 3), "rows": int(rows), "device": where}
+    say(f"precision: {args.dtype}: {reason} (--dtype forces either)")
