@@ -1,0 +1,29 @@
+"""The README quotes the loss and the loop a student reads first: the quotes must be the code as it is."""
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import mars
+import sample
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def without_docstring(fn):
+    """fn's source with its docstring left out, as the README quotes it."""
+    src = inspect.getsource(fn)
+    doc = ast.get_docstring(ast.parse(src).body[0], clean=False)
+    lines = src.splitlines()
+    body = ast.parse(src).body[0].body[0]  # the docstring's expression
+    return "\n".join(lines[:body.lineno - 1] + lines[body.end_lineno:]) if doc is not None else src.rstrip("\n")
+
+
+@pytest.mark.parametrize("fn", [mars.mars_loss, sample.generate])
+def test_readme_quotes_the_code(fn):
+    quotes = re.findall(r"```python\n(.*?)\n```", README, re.S)
+    quoted = [q for q in quotes if re.search(rf"^def {fn.__name__}\(", q, re.M)]
+    assert quoted, f"the README quotes no def {fn.__name__}"
+    assert quoted[0] == without_docstring(fn)
