@@ -5,8 +5,8 @@ requests at once, as sample.py's batches, extras.eval and extras.serve run it (a
 both commit the same tokens in the same forwards). It adds: ragged rows (a KV-cache length per batch row,
 windows right-padded); requests joining before a forward and leaving after it, each with its own tau and
 budget; three caches: none (the reference), sliding (keep the committed prefix, drop the masks after each
-forward) and the paper's block-level cache; lossless decoding (beyond the paper); a trace of what each
-forward fed, predicted and committed.
+forward) and the paper's block-level cache; lossless decoding and masks="auto" (as many masks as pay for
+what they cost, cost.py), both beyond the paper; a trace of what each forward fed, predicted and committed.
 """
 import time
 from collections import deque
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 import mars
+from cost import MASK_MODES, AutoMasks
 
 CACHE_MODES = ("none", "sliding", "block")
 
@@ -33,6 +34,7 @@ class Request:
     n_masks: int = 0  # <|mask|> tokens fed after the drafts
     left: int = 0  # tokens it may still commit (its budget and the context)
     end: int = 0  # block cache: the length of ids at which its current B_cache span is full
+    acceptance: list = None  # masks="auto": how often each prediction after the AR one was reached, accepted
     # results
     tokens: list = field(default_factory=list)  # generated ids, <|endoftext|> included when reached
     chunks: list = field(default_factory=list)  # what each forward added to tokens
@@ -100,20 +102,19 @@ def commit(request, new, eot_id, past_eot=False):
     return new
 
 
-def lossless_commit(preds, drafts, B):
+def lossless_commit(preds, drafts):
     """Self-speculative verification (beyond the paper): preds holds the AR argmax after the last token and
     after each draft, then the masks' predictions. Accept drafts while each equals the AR token at its place,
     then commit the AR token there. Returns (commit, next drafts): the masks' predictions if every draft survived."""
     m = 0
     while m < len(drafts) and drafts[m] == preds[m]:
         m += 1
-    return drafts[:m] + [preds[m]], preds[len(drafts) + 1:len(drafts) + B] if m == len(drafts) else []
+    return drafts[:m] + [preds[m]], preds[len(drafts) + 1:] if m == len(drafts) else []
 
 
 def kv_slots(prompts, max_seq, max_new_tokens, B, cache, B_cache):
-    """KV-cache slots a batch of prompts can need: a row caches at most its final length - 1, then a forward
-    writes the widest row's window: 2B - 1 when sliding (new tokens or drafts, B - 1 masks), B_cache + 1 for
-    the block cache."""
+    """KV-cache slots a batch of prompts can need: a row caches at most its final length - 1, then a forward writes
+    the widest row's window: 2B - 1 sliding (new tokens or drafts, B - 1 masks), B_cache + 1 for the block cache."""
     longest = max(min(len(p) + max_new_tokens, max_seq) for p in prompts)
     widest = B_cache + 1 if cache == "block" else 2 * B - 1
     return longest - 1 + widest
@@ -145,11 +146,10 @@ class BlockCache:
             engine.settle([[] for _ in requests])
             return width
         for r in requests:
-            r.n_masks = max(r.end - len(r.ids) - 1, 0) if engine.B > 1 else 0
+            r.n_masks = max(r.end - len(r.ids) - 1, 0) if mars.masks_to_feed(engine.B, r.tau) else 0
         tokens, conf, width = engine.forward()
-        committed = []
-        for r, (new, _) in zip(requests, engine.commits(tokens, conf)):
-            committed.append(commit(r, new, engine.eot_id, past_eot=True) if len(r.ids) < r.end else [])
+        committed = [commit(r, new, engine.eot_id, past_eot=True) if len(r.ids) < r.end else []
+                     for r, (new, _) in zip(requests, engine.commits(tokens, conf))]
         engine.settle(committed)
         return width
 
@@ -157,13 +157,13 @@ class BlockCache:
 class Engine:
     """Continuous batching: requests wait, are admitted before a forward (up to max_batch; a new prompt is
     prefilled in the same forward as the others' steps) and leave after the forward that finishes them. A request
-    commits exactly what it would alone: its window, reads and acceptance are its own, whatever shares the batch."""
+    commits exactly what it would alone (its window, reads and acceptance are its own) unless masks="auto"."""
 
     def __init__(self, model, eot_id, mask_id, B, max_batch, max_new_tokens=64, *, cache="sliding",
                  B_cache=16, cache_len=None, max_context=None, n_vocab=None, metric="prob", temperature=0.0,
-                 max_accept=None, trace=None):
-        if cache not in CACHE_MODES:
-            raise ValueError(f"cache must be one of {CACHE_MODES}")
+                 max_accept=None, trace=None, masks="fixed", step_cost=None):
+        if cache not in CACHE_MODES or masks not in MASK_MODES:
+            raise ValueError(f"cache must be one of {CACHE_MODES}, masks one of {MASK_MODES}")
         self.model, self.eot_id, self.mask_id, self.B = model, eot_id, mask_id, B
         self.max_batch, self.max_new_tokens, self.max_accept, self.trace = max_batch, max_new_tokens, max_accept, trace
         self.sampling = dict(temperature=temperature, metric=metric, n_vocab=n_vocab)
@@ -173,6 +173,7 @@ class Engine:
         slots = cache_len or 2 * self.max_seq + max(2 * B, B_cache + 1)  # a joining prompt pads every window
         self.kv = None if cache == "none" else model.new_cache(0, slots)
         self.waiting, self.running, self.forwards = deque(), [], 0
+        self.auto = AutoMasks(self, step_cost) if masks == "auto" and B > 1 else None  # step_cost: t(batch, width)
 
     @property
     def backlog(self):
@@ -216,6 +217,8 @@ class Engine:
     def forward(self):
         """decode_step over the running requests: (tokens, conf, window width). Counts it; traces it."""
         requests = self.running
+        if self.auto:  # fewer masks where they would cost more than they commit
+            self.auto.size(requests, [len(window(r, self.kv, self.mask_id)) - r.n_masks for r in requests])
         tokens, conf = decode_step(self.model, requests, self.kv, self.mask_id, **self.sampling)
         self.forwards += 1
         for r in requests:
@@ -235,8 +238,11 @@ class Engine:
         reads = torch.tensor([n_reads(r) for r in self.running], device=conf.device)
         n = torch.minimum(mars.accept(conf, taus, self.max_accept), reads)
         per_request = torch.cat([n[:, None], tokens], dim=1).tolist()
-        return [lossless_commit(preds, r.drafts, self.B) if r.lossless else (preds[:k], [])
-                for r, (k, *preds) in zip(self.running, per_request)]
+        out = [lossless_commit(preds[:n_reads(r)], r.drafts) if r.lossless else (preds[:k], [])
+               for r, (k, *preds) in zip(self.running, per_request)]
+        if self.auto:
+            self.auto.observe(self.running, [len(new) - 1 for new, _ in out])
+        return out
 
     def settle(self, committed):
         """Roll the cache back to what each request keeps; finish the trace entries of this forward."""
@@ -274,7 +280,7 @@ def generate_batch(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="slid
                    lossless=False, max_new_tokens=64, **options):
     """Decode a batch of prompts (lists of ids) together; returns one finished Request per prompt.
     tau: a number or one per prompt. options: metric, temperature, max_accept, n_vocab, trace
-    (a list: one dict per forward and request)."""
+    (a list: one dict per forward and request), masks ("fixed" or "auto") and step_cost (auto's cost model)."""
     if lossless and (cache == "block" or options.get("temperature", 0) > 0):
         raise ValueError("lossless decoding is greedy, with cache none or sliding")
     if not prompts:

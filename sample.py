@@ -81,6 +81,8 @@ def get_args(argv=None):
                    help="KV cache: sliding (default, fastest), block (the paper's block-level cache), none (reference)")
     p.add_argument("--B_cache", type=int, default=16,
                    help="the paper's B_cache (--cache block): positions filled between two cache writes (default 16)")
+    p.add_argument("--masks", choices=engine.MASK_MODES, default="fixed", help="fixed (default, the paper's): "
+                   "B - 1 masks per forward; auto: as many as pay for what they cost here (cost.py), so outputs vary")
     p.add_argument("--batch_size", type=int, default=1, help="prompts decoded together (default 1)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (Gumbel-max)")
     p.add_argument("--max_new_tokens", type=int, default=64, help="stop after this many tokens (default 64)")
@@ -133,9 +135,9 @@ def generate_examples(model, tok, examples, B, tau, max_new_tokens):
 
 def paper_loop(args):
     """Whether `generate` decodes this command: one prompt at a time, greedy, the sliding cache, the prob rule,
-    no cap on acceptance (any tau; --ar is B = 1). Anything else goes to the engine."""
+    no cap on acceptance, fixed masks (any tau; --ar is B = 1). Anything else goes to the engine."""
     return (args.batch_size == 1 and args.cache == "sliding" and not args.lossless and args.temperature == 0
-            and args.metric == "prob" and args.max_accept is None)
+            and args.metric == "prob" and args.max_accept is None and args.masks == "fixed")
 
 
 def show(tok, example, g, correct, as_json, colour):
@@ -192,7 +194,8 @@ def main(argv=None):
         raise UserError(f"{args.ckpt} is an AR checkpoint (no MARS block size): use --ar, or a MARS checkpoint")
     B = 1 if args.ar else args.block_size or ckpt["mars"]["B"]
     decode = dict(B=B, cache=args.cache, B_cache=args.B_cache, lossless=args.lossless, metric=args.metric,
-                  temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens)
+                  temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens,
+                  masks=args.masks)
     colour = sys.stdout.isatty()
 
     def answer(examples, tau):

@@ -3,6 +3,7 @@
     python -m extras.eval                                  # out/ar.pt, out/mars.pt (+ out/control.pt) -> out/
     python -m extras.eval --ckpt out/mars.pt out/b8.pt     # a Pareto curve per MARS checkpoint
     python -m extras.eval --limit 200 --repeats 2          # a quick look
+    python -m extras.eval --masks auto                     # every MARS decoder feeds the masks that pay (cost.py)
     python -m extras.eval --ckpt DIR_or.pt --data gsm8k_test.jsonl   # your JSONL: accuracy, tokens/forward (section 4)
 
 Writes eval.json, pareto.png and metrics.png to --out_dir and prints the tables as Markdown.
@@ -46,7 +47,7 @@ import torch
 import data
 import mars
 from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli
-from engine import generate_batch
+from engine import MASK_MODES, generate_batch
 from extras.eval_report import markdown, plot
 from extras.stats import paired, wilson
 from sample import decode_examples
@@ -201,8 +202,8 @@ def wall_clock(ar, mars_model, B, prompts, args):
             decoders += [(None, "lossless", dict(lossless=True), None)]
         ar_rates, rows = [], []
         for tau, name, decode, cb in decoders:
-            r, a, ar_official = against_ar((*ar, dict(B=1)), (*mars_model, dict(B=B, tau=tau or 1.0, **decode)),
-                                           prompts, bs, args.repeats)
+            x = dict(B=B, tau=tau or 1.0, masks=args.masks, **decode)
+            r, a, ar_official = against_ar((*ar, dict(B=1)), (*mars_model, x), prompts, bs, args.repeats)
             ar_rates += a
             rows.append({"decoder": name, "batch_size": bs, "threshold": tau, "cache_block": cb, **r})
             print(f"  {name:12s} batch {bs:2d} tau {tau} B_cache {cb}: {r['tokens_per_second']:7.1f} tokens/s, "
@@ -257,6 +258,9 @@ def get_args(argv=None):
     p.add_argument("--B_cache", type=int, nargs="+", default=[4, 8, 16, 32],
                    help="the paper's B_cache (positions filled between two cache writes) of the block-cache rows, "
                         "one row each (default 4 8 16 32)")
+    p.add_argument("--masks", choices=MASK_MODES, default="fixed", help="masks of every MARS decoder: fixed "
+                   "(default, the paper's B - 1 per forward) or auto (as many as pay for what they cost on this machine, "
+                   "cost.py; beyond the paper, and its outputs depend on the machine's timings)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
     args = p.parse_args(argv)
     args.thresholds = args.thresholds or ([0.95, 0.9] if args.data else [0.99, 0.98, 0.95, 0.9, 0.8, 0.7, 0.5])
@@ -303,7 +307,7 @@ def main(argv=None):
 
     # 1. quality of the first MARS checkpoint against AR SFT and the control
     def row(decoder, threshold, m, t, **decode):
-        r = score(m, t, test, **decode)
+        r = score(m, t, test, masks=args.masks, **decode)  # AR (B = 1) feeds no masks either way
         lo, hi = r["ci"]
         name = decoder + (f" ({decode['metric']})" if "metric" in decode else "")
         print(f"  {name:15s} tau={threshold or '-'}: accuracy {100 * r['accuracy']:.1f}% "
@@ -369,8 +373,8 @@ def main(argv=None):
     result = {"quality": quality, "paired": paired_rows, "identical_to_ar": identity,
               "fields": FIELDS, "ablations": ablations, "metrics": metrics,
               "entropy_note": entropy_note, "speed": speed, "paper_table5": PAPER_TABLE5, "machine": machine(),
-              "device": args.device, "B": B, "ar_ckpt": args.ar_ckpt, "ckpt": args.ckpt, "control_ckpt": control_path,
-              "n_test": len(test), "speed_prompts": len(prompts), "repeats": args.repeats}
+              "device": args.device, "B": B, "masks": args.masks, "ar_ckpt": args.ar_ckpt, "ckpt": args.ckpt,
+              "control_ckpt": control_path, "n_test": len(test), "speed_prompts": len(prompts), "repeats": args.repeats}
     with open(os.path.join(args.out_dir, "eval.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(markdown(result))
@@ -390,11 +394,11 @@ def score_jsonl(args):
     rows = []
     print(f"{args.ckpt[0]} on {len(examples)} records of {args.data} (B = {B})", file=sys.stderr)
     for tau in taus:
-        r = score(model, tok, examples, B=B, tau=tau, max_new_tokens=args.max_new_tokens)
+        r = score(model, tok, examples, B=B, tau=tau, max_new_tokens=args.max_new_tokens, masks=args.masks)
         rows.append({"threshold": tau, **{k: v for k, v in r.items() if k != "outputs"}})
         print(f"  tau={tau}: accuracy {100 * r['accuracy']:.1f}% [{100 * r['ci'][0]:.1f}, {100 * r['ci'][1]:.1f}], "
               f"{r['tokens_per_forward']:.2f} tokens/forward", file=sys.stderr, flush=True)
-    result = {"ckpt": args.ckpt[0], "data": args.data, "n": len(examples), "B": B,
+    result = {"ckpt": args.ckpt[0], "data": args.data, "n": len(examples), "B": B, "masks": args.masks,
               "checkers": sorted({e["task"] for e in examples}), "max_new_tokens": args.max_new_tokens,
               "rows": rows, "machine": machine(), "device": args.device}
     os.makedirs(args.out_dir, exist_ok=True)

@@ -82,7 +82,7 @@ def http_load(args):
     test, calib = prompts_for_load(ckpt, tok, min(model.config.max_seq_len, args.max_context), args.max_batch,
                                    args.data)
     t0 = time.perf_counter()
-    cap, _, slo = calibrate(model, tok, calib, B, args, WallClock)
+    cap, _, slo = calibrate(model, tok, calib, B, args, WallClock, masks=args.masks)
     seconds = args.requests / (cap * sum(m for _, m in PHASES))
     phases = [(name, m * cap, seconds) for name, m in PHASES]
     trace = make_trace(test, phases, args.seed)
@@ -91,7 +91,7 @@ def http_load(args):
     runs, whole = [], []
     for label, policy in {"tau=1.0": Fixed(1.0), "adaptive": Adaptive(ladder=tuple(args.ladder))}.items():
         engine = ServingEngine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens, n_vocab=tok.n_vocab,
-                               max_context=args.max_context)
+                               max_context=args.max_context, masks=args.masks)
         httpd = Server(engine, tok, policy, args)
         httpd.start()
         t_run = time.perf_counter()
@@ -103,10 +103,10 @@ def http_load(args):
         whole.append(runs.pop())
         print(f"  http {label:9s} {len(trace):4d} requests in {time.perf_counter() - t_run:5.1f}s", file=sys.stderr,
               flush=True)
-    result = {"clock": "wall, over HTTP", "p99_goal": 0.5, "max_batch": args.max_batch, "slo_seconds": slo,
-              "machine": machine(), "runs": runs, "whole_trace": whole, "ckpt": args.ckpt, "B": B, "ladder": args.ladder,
-              "capacity": {"tau=1.0": cap}, "phases": [{"phase": n, "rate": r, "seconds": s} for n, r, s in phases],
-              "seed": args.seed}
+    result = {"clock": "wall, over HTTP", "masks": args.masks, "p99_goal": 0.5, "max_batch": args.max_batch,
+              "slo_seconds": slo, "machine": machine(), "runs": runs, "whole_trace": whole, "ckpt": args.ckpt, "B": B,
+              "ladder": args.ladder, "capacity": {"tau=1.0": cap}, "seed": args.seed,
+              "phases": [{"phase": n, "rate": r, "seconds": s} for n, r, s in phases]}
     result["goals"] = goals(result)
     os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, "serve_http.json")

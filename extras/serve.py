@@ -43,9 +43,10 @@ import torch
 
 import data
 from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli, threshold
+from cost import MASK_MODES, StepCost, batch_grid
 from extras.eval import machine
 from extras.serve_report import goals, markdown, plot
-from engine import Engine, Request, decode_step
+from engine import Engine, Request
 
 # the trace: (phase, arrival rate as a multiple of the tau = 1.0 capacity), equal durations
 PHASES = (("light", 0.5), ("overload", 1.3), ("recovery", 0.5))
@@ -120,43 +121,14 @@ class Adaptive:
 
 
 # ---------------------------------------------------------------------------
-# Clocks and the step-cost model
+# Clocks and the step-cost model (cost.py: the same model sizes the windows of --masks auto)
 
-class StepCost:
-    """t(batch, width): seconds of one decoding forward, profiled on a grid, bilinear in between."""
-
-    def __init__(self, batches, widths, seconds):
-        # more work never costs less: take out the timing noise that says otherwise
-        seconds = np.maximum.accumulate(np.maximum.accumulate(np.asarray(seconds), axis=0), axis=1)
-        self.batches, self.widths, self.seconds = list(batches), list(widths), seconds
-
-    def __call__(self, batch, width):
-        per_batch = [np.interp(width, self.widths, row) for row in self.seconds]
-        return float(np.interp(batch, self.batches, per_batch))
-
-    @classmethod
-    @torch.inference_mode()
-    def profile(cls, model, mask_id, max_batch, B, repeats=8):
-        """The fastest of `repeats` timings of decode_step at each grid point, rows with about half a
-        context cached, each a different length: the ragged rows the engine almost always runs (equal
-        lengths would take the cache's cheaper slice path). The minimum, and rounds over the whole grid
-        rather than repeats in a row: on a shared machine other processes only ever add time, and a busy
-        spell then spoils no point for good."""
-        max_seq = model.config.max_seq_len
-        batches = sorted({2 ** k for k in range(max_batch.bit_length())} | {max_batch})
-        widths = [w for w in (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96) if w < max_seq + B] + [max_seq + B]
-        cached = [max_seq // 2 - k % 4 for k in range(max_batch)]
-        caches = {b: model.new_cache(b, 2 * max_seq + 2 * B) for b in batches}
-        seconds = np.full((len(batches), len(widths)), np.inf)
-        for round in range(repeats + 1):  # round 0 is a warm-up
-            for i, b in enumerate(batches):
-                for j, w in enumerate(widths):
-                    rows = [Request([], ids=[mask_id] * (c + w), cached=c) for c in cached[:b]]
-                    t0 = time.perf_counter()
-                    decode_step(model, rows, caches[b], mask_id)[0].tolist()  # to the host: waits for the device
-                    if round:
-                        seconds[i, j] = min(seconds[i, j], time.perf_counter() - t0)
-        return cls(batches, widths, seconds)
+def profile_cost(model, mask_id, max_batch, B):
+    """The virtual clock's cost model: cost.StepCost on a grid from one token to the whole context, rows with
+    half a context cached, eight rounds."""
+    max_seq = model.config.max_seq_len
+    widths = [w for w in (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96) if w < max_seq + B] + [max_seq + B]
+    return StepCost.profile(model, mask_id, batch_grid(max_batch), widths, context=max_seq // 2, repeats=8)
 
 
 class VirtualClock:
@@ -192,9 +164,10 @@ def make_trace(examples, phases, seed):
     return trace
 
 
-def simulate(model, tok, trace, policy, B, max_batch, clock, max_new_tokens):
-    """Serve a trace; returns (requests, steps), steps = [(end time, backlog, tau, tokens committed)]."""
-    engine = ServingEngine(model, tok.eot, tok.mask, B, max_batch, max_new_tokens, n_vocab=tok.n_vocab)
+def simulate(model, tok, trace, policy, B, max_batch, clock, max_new_tokens, **engine):
+    """Serve a trace; returns (requests, steps), steps = [(end time, backlog, tau, tokens committed)].
+    engine: options of the engine (masks, step_cost)."""
+    engine = ServingEngine(model, tok.eot, tok.mask, B, max_batch, max_new_tokens, n_vocab=tok.n_vocab, **engine)
     reqs = [Timed(tok.prompt_ids(e["prompt"]), arrival=a, example=e) for a, e in trace]
     steps, i = [], 0
     while i < len(reqs) or engine.backlog:
@@ -222,24 +195,25 @@ def simulate(model, tok, trace, policy, B, max_batch, clock, max_new_tokens):
     return reqs, steps
 
 
-def capacity(model, tok, examples, tau, B, max_batch, make_clock, max_new_tokens):
+def capacity(model, tok, examples, tau, B, max_batch, make_clock, max_new_tokens, **engine):
     """(requests/s, median service seconds) at a fixed tau with a full queue (all waiting at time 0).
     The rate counts the completions between the first and the last max_batch, when the batch is full."""
     reqs, _ = simulate(model, tok, [(0.0, e) for e in examples], Fixed(tau), B, max_batch, make_clock(),
-                       max_new_tokens)
+                       max_new_tokens, **engine)
     done = sorted(r.finish for r in reqs)
     lo, hi = max_batch - 1, len(done) - max_batch - 1
     rate = (hi - lo) / (done[hi] - done[lo])
     return rate, float(np.median([r.finish - r.admitted for r in reqs]))
 
 
-def calibrate(model, tok, calib, B, args, make_clock):
+def calibrate(model, tok, calib, B, args, make_clock, **engine):
     """(capacity at tau = 1.0, at the lowest tau of the ladder, the SLO): a full queue of calibration prompts."""
     low, mb, n = args.ladder[-1], args.max_batch, args.max_new_tokens
     t0 = time.perf_counter()
-    simulate(model, tok, [(0.0, e) for e in calib[:2 * mb]], Fixed(low), B, mb, make_clock(), n)  # a warm-up: the
-    cap, service = capacity(model, tok, calib, 1.0, B, mb, make_clock, n)  # first forwards of each shape are slow
-    cap_low, _ = capacity(model, tok, calib, low, B, mb, make_clock, n)
+    warm_up = [(0.0, e) for e in calib[:2 * mb]]  # the first forwards of each shape are slow
+    simulate(model, tok, warm_up, Fixed(low), B, mb, make_clock(), n, **engine)
+    cap, service = capacity(model, tok, calib, 1.0, B, mb, make_clock, n, **engine)
+    cap_low, _ = capacity(model, tok, calib, low, B, mb, make_clock, n, **engine)
     slo = args.slo or 3 * service
     print(f"capacity at max_batch {mb}: {cap:.1f} requests/s at tau = 1.0, {cap_low:.1f} at tau = {low} "
           f"({cap_low / cap:.2f}x); SLO {slo:.3f} s; {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
@@ -279,11 +253,11 @@ def http_serve(args):
     from extras.server import Server  # the HTTP stack loads only when asked for
     model, tok, B, _ = load_mars(args.ckpt, args.device, args.dtype)
     engine = ServingEngine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens, n_vocab=tok.n_vocab,
-                           max_context=args.max_context)
+                           max_context=args.max_context, masks=args.masks)
     policy = Adaptive(ladder=tuple(args.ladder)) if args.adaptive else Fixed(args.tau)
     httpd = Server(engine, tok, policy, args, name=os.path.splitext(os.path.basename(os.path.normpath(args.ckpt)))[0])
     how = f"adaptive tau {args.ladder}" if args.adaptive else f"tau {args.tau} unless a request says"
-    print(f"serving {args.ckpt} (B = {B}, {how}) on {httpd.url}/ ; Ctrl-C stops", flush=True)
+    print(f"serving {args.ckpt} (B = {B}, {how}, {args.masks} masks) on {httpd.url}/ ; Ctrl-C stops", flush=True)
     httpd.serve_forever()
 
 
@@ -307,6 +281,9 @@ def get_args(argv=None):
     p.add_argument("--clock", choices=["virtual", "wall"], default="virtual", help="virtual (default): time advances by "
                    "a step-cost model profiled at start-up, reproducible; wall: the real clock, as a sanity check")
     p.add_argument("--max_new_tokens", type=int, default=64, help="stop a response after this many tokens (default 64)")
+    p.add_argument("--masks", choices=MASK_MODES, default="fixed", help="fixed (default): B - 1 masks per forward, the "
+                   "paper's method; auto: per request, as many masks as pay for what they cost (cost.py; beyond the "
+                   "paper; its outputs depend on this machine's timings)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival trace and its prompts (default 0)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="weights' precision (default float32)")
@@ -402,9 +379,10 @@ def main(argv=None):
     os.makedirs(args.out_dir, exist_ok=True)
     t0 = time.perf_counter()
     # start-up: the step-cost model, then the capacities it implies
-    cost = StepCost.profile(model, tok.mask, args.max_batch, B) if args.clock == "virtual" else None
+    cost = profile_cost(model, tok.mask, args.max_batch, B) if args.clock == "virtual" else None
     make_clock = (lambda: VirtualClock(cost)) if cost else WallClock
-    cap, cap_low, slo = calibrate(model, tok, calib, B, args, make_clock)
+    engine = dict(masks=args.masks, step_cost=cost)  # --masks auto sizes windows by the clock's own cost model
+    cap, cap_low, slo = calibrate(model, tok, calib, B, args, make_clock, **engine)
 
     total, done = len(policies) * (args.requests + len(args.sweep) * args.sweep_requests), 0
 
@@ -414,7 +392,8 @@ def main(argv=None):
         out = {}
         for policy, (b, make_policy) in policies.items():
             t_run = time.perf_counter()
-            out[policy] = simulate(model, tok, trace, make_policy(), b, args.max_batch, make_clock(), args.max_new_tokens)
+            out[policy] = simulate(model, tok, trace, make_policy(), b, args.max_batch, make_clock(),
+                                   args.max_new_tokens, **engine)
             done += len(trace)
             print(f"  {name:8s} {policy:9s} {len(trace):4d} requests in {time.perf_counter() - t_run:5.1f}s | "
                   f"ETA {(time.perf_counter() - t0) / done * max(total - done, 0):.0f}s", file=sys.stderr, flush=True)
@@ -438,7 +417,8 @@ def main(argv=None):
         for policy, (reqs, steps) in every_policy(f"load {m}", make_trace(test, [("sweep", rate, secs)], args.seed + 1)).items():
             sweep.append({"policy": policy, "rate": rate, "load": m, **summarise(reqs, steps, 0, secs, slo, tok)})
 
-    result = {"clock": args.clock, "max_batch": args.max_batch, "slo_seconds": slo, "machine": machine(),
+    result = {"clock": args.clock, "masks": args.masks,
+              "max_batch": args.max_batch, "slo_seconds": slo, "machine": machine(),
               "runs": runs, "whole_trace": whole, "sweep": sweep, "ckpt": args.ckpt, "B": B,
               "ladder": args.ladder, "capacity": {"tau=1.0": cap, f"tau={low}": cap_low},
               "phases": [{"phase": n, "rate": r, "seconds": s} for n, r, s in phases], "seed": args.seed,

@@ -8,7 +8,7 @@ thread feeds, one event per forward. The request schema (Chat) names any field w
 only with --cors).
 SIGINT or SIGTERM: no new requests; those in flight get GRACE seconds, then an error each; exit 0.
 Our extensions: "tau" and "lossless" in the body; "forwards", "tokens_per_forward" and "tau" (the mean)
-in the usage; "mars" (tokens, tau) in each streamed forward.
+in the usage; "mars" (tokens, tau) in each streamed forward; "B" and "masks" (--masks) in /v1/models.
 """
 import asyncio
 import json
@@ -254,7 +254,8 @@ class Api:
 
     async def models(self, request):
         return JSONResponse({"object": "list", "data": [{"id": self.name, "object": "model", "created": self.started,
-                                                         "owned_by": "mars-minimal", "B": self.worker.engine.B}]})
+                                                         "owned_by": "mars-minimal", "B": self.worker.engine.B,
+                                                         "masks": "auto" if self.worker.engine.auto else "fixed"}]})
 
     async def chat(self, request):
         chat = parse(await read_json(request))

@@ -145,6 +145,28 @@ def test_eval_writes_tables(tiny_run, tmp_path):
             assert s["tokens_per_forward_official"] > s["tokens_per_forward"]
 
 
+def test_eval_masks_auto(tiny_run, tmp_path):
+    """--masks auto reaches every MARS decoder: lossless and tau = 1.0 are still AR, token for token."""
+    proc = run_cli(["extras/eval.py", "--ar_ckpt", tiny_run / "ar.pt", "--ckpt", tiny_run / "mars.pt", "--out_dir",
+                    tmp_path, "--limit", "16", "--thresholds", "0.5", "--speed_thresholds", "0.5", "--speed_prompts",
+                    "4", "--repeats", "1", "--batch_sizes", "2", "--B_cache", "4", "--masks", "auto"])
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["masks"] == "auto" and result["identical_to_ar"]["lossless_differ"] == 0
+    assert result["identical_to_ar"]["tau1_differ"] == 0
+    tpf = {(q["decoder"], q["threshold"]): q["tokens_per_forward"] for q in result["quality"]}
+    assert tpf[("mars", 1.0)] == 1.0 and tpf[("mars", 0.5)] >= 1
+    assert {s["decoder"] for s in result["speed"]} == {"ar", "mars_sliding", "mars_block"}
+    data_file = tmp_path / "test.jsonl"
+    data_file.write_text("".join(json.dumps({"prompt": f"Add {a} and {a}.", "answer": str(2 * a)}) + "\n"
+                                 for a in range(3, 9)))
+    proc = run_cli(["extras/eval.py", "--ckpt", tiny_run / "mars.pt", "--data", data_file, "--out_dir", tmp_path,
+                    "--masks", "auto"])
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads((tmp_path / "eval_data.json").read_text())
+    assert rows["masks"] == "auto" and [r["threshold"] for r in rows["rows"]] == [1.0, 0.95, 0.9]
+
+
 def test_eval_rejects_missing_and_wrong_checkpoints(tiny_run, tmp_path):
     common = ["--ar_ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path]
     assert_one_line_error(run_cli(["extras/eval.py", *common, "--ckpt", tiny_run / "ar.pt"]))  # not a MARS checkpoint

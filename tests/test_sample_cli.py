@@ -83,9 +83,22 @@ def test_batch_one_runs_the_papers_loop(tiny_run, monkeypatch):
     assert loop[0]["forwards"] == loop[0]["tokens"] == len(loop[0]["chunks"])  # --ar: one token per forward
 
 
+def test_masks_auto_runs_on_the_engine(tiny_run, monkeypatch):
+    """--masks auto: the engine decodes (sample.generate feeds fixed masks only); tau = 1.0 and lossless are AR."""
+    monkeypatch.setattr(sample_py, "generate", lambda *a, **kw: pytest.fail("--masks auto ran the fixed loop"))
+    args = ["--ckpt", tiny_run / "mars.pt", "--json", "--num_prompts", "6", "--masks", "auto"]
+    rows = json_lines(sample(*args, "--threshold", "0.5"))
+    assert len(rows) == 6 and all(KEYS <= r.keys() and 1 <= r["forwards"] <= r["tokens"] for r in rows)
+    ar = [r["text"] for r in json_lines(sample(*args, "--ar"))]
+    assert [r["text"] for r in json_lines(sample(*args, "--lossless"))] == ar
+    assert [r["text"] for r in json_lines(sample(*args, "--threshold", "1.0", "--cache", "block"))] == ar
+    assert "--masks {fixed,auto}" in sample("--help").stdout
+
+
 @pytest.mark.parametrize("args", [
     ["--threshold", "0"], ["--threshold", "1.5"], ["--threshold", "abc"], ["--block_size", "0"],
     ["--batch_size", "0"], ["--B_cache", "0"], ["--temperature", "-1"], ["--ar", "--lossless"], ["--metric", "nope"],
+    ["--masks", "some"],
 ], ids=lambda a: " ".join(a))
 def test_bad_flags(tiny_run, args):
     assert_one_line_error(sample("--ckpt", tiny_run / "mars.pt", *args))

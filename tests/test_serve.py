@@ -5,6 +5,7 @@ import json
 import pytest
 
 import cli
+import cost
 from engine import generate_batch
 from extras import serve
 from conftest import EOT, MASK, assert_one_line_error, random_model, random_prompts, run_cli
@@ -112,12 +113,6 @@ def test_make_trace_phases():
     assert [t for t, _ in slow] == pytest.approx([3 * t for t, _ in fast])
 
 
-def test_step_cost_is_monotone():
-    cost = serve.StepCost([1, 4], [1, 8], [[2.0, 1.0], [3.0, 5.0]])  # noise: width 8 "cheaper" at batch 1
-    assert cost(1, 1) == 2.0 and cost(1, 8) == 2.0 and cost(4, 8) == 5.0
-    assert cost(2.5, 4.5) == pytest.approx(0.5 * (2.0 + 4.0))
-
-
 def test_cli_end_to_end(tiny_run, tmp_path):
     proc = run_cli(["extras/serve.py", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path, "--requests", "40",
                     "--sweep", "0.5", "1.5", "--sweep_requests", "12", "--max_batch", "4", "--max_new_tokens", "16"],
@@ -144,9 +139,26 @@ def test_cli_end_to_end(tiny_run, tmp_path):
     assert len(result["sweep"]) == 8 and set(result["goals"]) == {"overload_p99_ratio", "accuracy_points", "light_mean_tau"}
 
 
+def test_cli_masks_auto_sizes_windows_by_the_clocks_cost_model(tiny_run, tmp_path, monkeypatch):
+    """--masks auto on the virtual clock: the engine reads the clock's own step-cost model (no second profile)."""
+    monkeypatch.setattr(cost, "measured", lambda *a, **kw: pytest.fail("a second cost model was profiled"))
+    proc = run_cli(["extras/serve.py", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path, "--requests", "40",
+                    "--sweep", "1.0", "--sweep_requests", "10", "--max_batch", "4", "--max_new_tokens", "16",
+                    "--masks", "auto"])
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "serve.json").read_text())
+    assert result["masks"] == "auto" and result["step_cost"]["widths"][0] == 1
+    by = {(r["policy"], r["phase"]): r for r in result["runs"]}
+    for phase in ("light", "overload", "recovery"):  # tau = 1.0 feeds no masks in either mode
+        assert by[("tau=1.0", phase)]["tokens_per_forward"] == 1.0
+        assert {k: v for k, v in by[("ar", phase)].items() if k != "policy"} == \
+               {k: v for k, v in by[("tau=1.0", phase)].items() if k != "policy"}
+        assert by[("tau=0.9", phase)]["tokens_per_forward"] >= 1
+
+
 @pytest.mark.parametrize("args", [["--max_batch", "0"], ["--ladder", "1.0", "1.2"], ["--ladder", "0.9", "0.95"],
                                   ["--ladder", "1.0"], ["--clock", "sundial"], ["--requests", "many"], ["--sweep", "0"],
-                                  ["--slo", "-1"], ["--ckpt", "missing.pt"]])
+                                  ["--slo", "-1"], ["--ckpt", "missing.pt"], ["--masks", "some"]])
 def test_bad_flags_one_line_error(args):
     assert_one_line_error(run_cli(["extras/serve.py", *args]))
 

@@ -38,7 +38,7 @@ def loaded(tiny_run):
 def start(model, tok, B, *flags, max_batch=4, policy=None):
     """A server on a free port, served from a thread; stop() ends it."""
     args = serve.get_args(["--port", "0", "--max_batch", str(max_batch), *flags])
-    engine = serve.ServingEngine(model, tok.eot, tok.mask, B, max_batch, MAX_NEW, n_vocab=tok.n_vocab)
+    engine = serve.ServingEngine(model, tok.eot, tok.mask, B, max_batch, MAX_NEW, n_vocab=tok.n_vocab, masks=args.masks)
     httpd = server.Server(engine, tok, policy or serve.Fixed(0.9), args)
     httpd.start()
     return httpd
@@ -466,6 +466,21 @@ def test_adaptive_server_says_the_tau_it_chose(loaded, prompts):
         text, usage, _ = ask(client, prompts[0])
         assert usage["tau"] == 0.8 and text == expected(loaded, prompts[0], 0.8)[0]
         assert ask(client, prompts[0], tau=1.0)[1]["tau"] == 1.0  # a request's own tau wins
+    finally:
+        httpd.stop()
+
+
+def test_masks_auto_server(loaded, prompts):
+    """--masks auto: the server says so; lossless and tau = 1.0 still answer exactly what AR answers."""
+    httpd = start(*loaded, "--masks", "auto")
+    try:
+        client = openai.OpenAI(base_url=httpd.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        assert [m.model_dump()["masks"] for m in client.models.list().data] == ["auto"]
+        for prompt in prompts[:3]:
+            for extra in ({"tau": 1.0}, {"lossless": True}):
+                assert ask(client, prompt, **extra)[0] == expected(loaded, prompt, 1.0, lossless=True)[0], extra
+            text, usage, _ = ask(client, prompt, stream=True, tau=0.6)
+            assert text and 1 <= usage["forwards"] <= usage["completion_tokens"]
     finally:
         httpd.stop()
 
