@@ -90,7 +90,11 @@ def get_args(argv=None):
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="weights and activations: float32 (default), bfloat16 (to serve a real model on a GPU)")
-    args = p.parse_args(argv)
+    return checked(p, p.parse_args(argv))
+
+
+def checked(p, args):
+    """Refuses flags that cannot run together or make no sense; fills the defaults that depend on the machine."""
     for name in ("block_size", "B_cache", "batch_size", "max_new_tokens", "num_prompts", "max_accept"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")

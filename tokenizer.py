@@ -43,6 +43,18 @@ class ToyChat:
         return "".join(parts + ["<|assistant|>"] * add_generation_prompt)
 
 
+def encode_dropping(enc, pattern, tokenless, text):
+    """Tokenizer.encode for text with a byte that has no token (tiktoken panics on one): each piece of the split
+    pattern loses such bytes before BPE, as Hugging Face's BPE drops a symbol it has no token for (its
+    neighbours may then merge). `regex`, tiktoken's own dependency, splits as tiktoken's Rust code does."""
+    import regex
+    ids = []
+    for piece in regex.findall(pattern, text):
+        kept = bytes(b for b in piece.encode("utf-8", "surrogatepass") if b not in tokenless)
+        ids += enc._encode_single_piece(kept) if kept else []  # one piece: no second split
+    return ids
+
+
 class Tokenizer:
     """Byte-level BPE with tiktoken, and a chat renderer.
 
@@ -119,7 +131,7 @@ class Tokenizer:
             raise ValueError(f"text of {len(text):,} characters: the tokenizer takes at most {MAX_CHARS:,}")
         try:
             if self.tokenless and not self.tokenless.isdisjoint(text.encode("utf-8", "surrogatepass")):
-                return self.encode_dropping(text)
+                return encode_dropping(self.enc, self.pattern, self.tokenless, text)
             if self.ordinary:
                 return self.enc.encode(text, allowed_special=set(self.ordinary), disallowed_special=())
             return self.enc.encode_ordinary(text)
@@ -127,17 +139,6 @@ class Tokenizer:
             if type(e).__name__ != "PanicException":
                 raise
             raise ValueError(f"the tokenizer failed on this text ({str(e).splitlines()[0]})") from None
-
-    def encode_dropping(self, text):
-        """encode, for text with a byte that has no token: each piece of the split pattern loses such
-        bytes before BPE, as Hugging Face's BPE drops a symbol it has no token for (its neighbours may
-        then merge). `regex`, tiktoken's own dependency, splits as tiktoken's Rust code does."""
-        import regex
-        ids = []
-        for piece in regex.findall(self.pattern, text):
-            kept = bytes(b for b in piece.encode("utf-8", "surrogatepass") if b not in self.tokenless)
-            ids += self.enc._encode_single_piece(kept) if kept else []
-        return ids
 
     def decode(self, ids):
         return self.enc.decode(ids)
