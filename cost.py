@@ -10,12 +10,13 @@ with the KV cache) up to what the fixed mode feeds, that maximises its expected 
 t the StepCost below, p_j the request's running rate of acceptance of prediction j + 1 when it was reached
 (AutoMasks). Acceptance is still conf >= tau and lossless decoding stays exact: only the number of masks
 changes. Its outputs then depend on this machine's timings, which is why the fixed mode is the default.
-extras.serve's virtual clock uses the same cost model. The engine imports this module; profiling runs
-the engine's forward (a lazy import).
+extras.serve's virtual clock uses the same cost model. The engine imports this module; profiling times
+the engine's forward, which its callers hand in (decode_step).
 """
 import bisect
 import time
 import weakref
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -44,19 +45,18 @@ class StepCost:
 
     @classmethod
     @torch.inference_mode()
-    def profile(cls, model, mask_id, batches, widths, context, repeats=8):
+    def profile(cls, decode_step, model, mask_id, batches, widths, context, repeats=8):
         """The fastest of `repeats` timings of engine.decode_step at each grid point, rows with about `context`
         tokens cached, each a different length: the ragged rows the engine almost always runs (equal lengths
         would take the cache's cheaper slice path). The minimum, and rounds over the whole grid rather than
         repeats in a row: on a shared machine other processes only ever add time, and a busy spell then
         spoils no point for good. One forward per batch size first warms up its shapes."""
-        from engine import Request, decode_step  # engine.py imports this module
         cached = [max(context - k % 4, 0) for k in range(max(batches))]
         caches = {b: model.new_cache(b, context + max(widths) + 1) for b in batches}
         seconds = np.full((len(batches), len(widths)), np.inf)
 
         def forward(b, w):
-            rows = [Request([], ids=[mask_id] * (c + w), cached=c) for c in cached[:b]]
+            rows = [SimpleNamespace(ids=[mask_id] * (c + w), cached=c, drafts=[], n_masks=0) for c in cached[:b]]
             t0 = time.perf_counter()
             decode_step(model, rows, caches[b], mask_id)[0].tolist()  # to the host: waits for the device
             return time.perf_counter() - t0
@@ -78,7 +78,7 @@ def batch_grid(max_batch):
 _measured = weakref.WeakKeyDictionary()  # model -> {(device, dtype): StepCost}: one profile per model in a process
 
 
-def measured(model, mask_id, max_batch, max_width, B):
+def measured(decode_step, model, mask_id, max_batch, max_width, B):
     """A short profile for masks="auto" (a few seconds): batches up to max_batch, every width up to 2B, then
     doublings up to max_width, three rounds. Kept per model, device and dtype for the process, and reused by
     every engine it covers (extras.eval builds one per batch); profiled again, larger, when one needs more."""
@@ -91,7 +91,7 @@ def measured(model, mask_id, max_batch, max_width, B):
         max_batch, max_width = max(max_batch, old.batches[-1]), max(max_width, old.widths[-1])
     widths = sorted({*range(1, min(2 * B, max_width) + 1), *(2 ** k for k in range(max_width.bit_length())), max_width})
     context = min(model.config.max_seq_len // 2, AUTO_CONTEXT)
-    cost = StepCost.profile(model, mask_id, batch_grid(max_batch), widths, context, repeats=3)
+    cost = StepCost.profile(decode_step, model, mask_id, batch_grid(max_batch), widths, context, repeats=3)
     known[weight.device, weight.dtype] = cost
     return cost
 
@@ -137,11 +137,11 @@ class AutoMasks:
     Plain Python on a few numbers per request: this runs before every forward, and must cost far less than
     the forward it sizes (a millisecond, for a small model)."""
 
-    def __init__(self, engine, step_cost=None):
+    def __init__(self, engine, step_cost=None, decode_step=None):
         block = engine.block_cache
         self.most = max(engine.B, block.B_cache if block else 1) - 1  # the fixed mode's most masks
         widest = block.B_cache + 1 if block else 2 * engine.B
-        self.cost = step_cost or measured(engine.model, engine.mask_id, engine.max_batch, widest, engine.B)
+        self.cost = step_cost or measured(decode_step, engine.model, engine.mask_id, engine.max_batch, widest, engine.B)
         self.sliding, self.max_accept = engine.kv is not None and block is None, engine.max_accept
         self.total = self.new_counts()
         self.prior = [1.0] * self.most  # the engine-wide rates, (A + 1) / (N + 1)

@@ -361,19 +361,19 @@ def tokenize(examples, tok, max_seq_len, multiple=1):
     return [(ids, n) for ids, n in out if len(ids) + (-len(ids) % multiple) - 1 <= max_seq_len]
 
 
-def length_buckets(rows, n_buckets, multiple=1, min_rows=1):
+def length_buckets(seqs, n_buckets, multiple=1, min_seqs=1):
     """Row indices sorted by padded length and cut into n_buckets of equal size (fewer when a bucket
-    would hold under min_rows): a batch drawn from one bucket carries little padding."""
-    n_buckets = max(1, min(n_buckets, len(rows) // max(1, min_rows)))
-    if n_buckets == 1:  # one bucket, in row order: the plain uniform draws
-        return [list(range(len(rows)))]
-    order = sorted(range(len(rows)), key=lambda i: -(-len(rows[i][0]) // multiple))
+    would hold under min_seqs): a batch drawn from one bucket carries little padding."""
+    n_buckets = max(1, min(n_buckets, len(seqs) // max(1, min_seqs)))
+    if n_buckets == 1:  # one bucket, in sequence order: the plain uniform draws
+        return [list(range(len(seqs)))]
+    order = sorted(range(len(seqs)), key=lambda i: -(-len(seqs[i][0]) // multiple))
     return [order[k * len(order) // n_buckets:(k + 1) * len(order) // n_buckets] for k in range(n_buckets)]
 
 
 def draw_batch(buckets, batch_size, generator):
-    """batch_size row indices, drawn with replacement from one bucket chosen in proportion to its size,
-    so every row is as likely as in uniform draws over all rows."""
+    """batch_size sequence indices, drawn with replacement from one bucket chosen in proportion to its size,
+    so every sequence is as likely as in uniform draws over all sequences."""
     bucket = buckets[0]
     if len(buckets) > 1:
         sizes = torch.tensor([len(b) for b in buckets], dtype=torch.float)
@@ -381,7 +381,7 @@ def draw_batch(buckets, batch_size, generator):
     return [bucket[i] for i in torch.randint(len(bucket), (batch_size,), generator=generator).tolist()]
 
 
-def make_batch(rows, pad_id, multiple=1):
+def make_batch(seqs, pad_id, multiple=1):
     """Right-padded inputs x and targets y (-1 = no loss). Input x is ids[:-1];
     y[q] = ids[q+1] where that is a response token or the closing <|endoftext|>.
 
@@ -389,11 +389,11 @@ def make_batch(rows, pad_id, multiple=1):
     <|endoftext|> to a length that is a multiple of B, and those are trained on,
     so that masks past the end of an answer learn to predict the end (the
     official trainer's AppendEOSBlockWrapper)."""
-    rows = [(ids + [pad_id] * (-len(ids) % multiple), n) for ids, n in rows]
-    T = max(len(ids) - 1 for ids, _ in rows)
-    x = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    y = torch.full((len(rows), T), -1, dtype=torch.long)
-    for i, (ids, n_prompt) in enumerate(rows):
+    seqs = [(ids + [pad_id] * (-len(ids) % multiple), n) for ids, n in seqs]
+    T = max(len(ids) - 1 for ids, _ in seqs)
+    x = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    y = torch.full((len(seqs), T), -1, dtype=torch.long)
+    for i, (ids, n_prompt) in enumerate(seqs):
         t = torch.tensor(ids)
         x[i, :len(ids) - 1] = t[:-1]
         y[i, n_prompt - 1:len(ids) - 1] = t[n_prompt:]

@@ -173,7 +173,7 @@ class Engine:
         slots = cache_len or 2 * self.max_seq + max(2 * B, B_cache + 1)  # a joining prompt pads every window
         self.kv = None if cache == "none" else model.new_cache(0, slots)
         self.waiting, self.running, self.forwards = deque(), [], 0
-        self.auto = AutoMasks(self, step_cost) if masks == "auto" and B > 1 else None  # step_cost: t(batch, width)
+        self.auto = AutoMasks(self, step_cost, decode_step) if masks == "auto" and B > 1 else None  # t(batch, width)
 
     @property
     def backlog(self):

@@ -36,7 +36,7 @@ def lr_at(it, peak, warmup_frac, iters):
 
 
 class Stage:
-    """What one stage keeps: its rows in length buckets, the optimizer, the batch order, the log.
+    """What one stage keeps: its training sequences in length buckets, the optimizer, the batch order, the log.
     state: the checkpoint of this stage interrupted earlier (--resume); hf: what the checkpoint records of
     the Hugging Face model the run started from (None for the toy)."""
 
@@ -44,13 +44,13 @@ class Stage:
         self.name, self.raw_model, self.tok, self.args, self.hf = name, model, tok, args, hf
         self.t_created = time.time()
         (self.rank, self.world), self.path = dist_info, os.path.join(args.out_dir, f"{name}.pt")
-        self.multiple = 1 if name == "ar" else args.block_size  # stage 2 and the control pad rows to B's multiples
-        self.rows = data.tokenize(splits["train"], tok, args.max_seq_len, self.multiple)
-        self.val_rows = data.tokenize(splits["val"], tok, args.max_seq_len, self.multiple)[:256]
+        self.multiple = 1 if name == "ar" else args.block_size  # stage 2 and the control pad sequences to B's multiples
+        self.seqs = data.tokenize(splits["train"], tok, args.max_seq_len, self.multiple)
+        self.val_seqs = data.tokenize(splits["val"], tok, args.max_seq_len, self.multiple)[:256]
         self.val_examples = splits["val"][:args.summary_limit]
-        if not self.rows:
+        if not self.seqs:
             raise UserError(f"no training example fits --max_seq_len {args.max_seq_len}")
-        self.buckets = data.length_buckets(self.rows, args.buckets, self.multiple, min_rows=8 * args.batch_size)
+        self.buckets = data.length_buckets(self.seqs, args.buckets, self.multiple, min_seqs=8 * args.batch_size)
         self.iters, self.peak_lr = (args.ar_iters, args.lr) if name == "ar" else (args.mars_iters, args.mars_lr)
         self.micro = args.micro_batch or args.batch_size // self.world
         if self.micro < 1 or args.batch_size % (self.micro * self.world):
@@ -74,9 +74,9 @@ class Stage:
     def draw(self):
         """A step's global batch (every process draws the same, then takes its share) and its random draws,
         from a generator the batch order seeds, so that a resumed run draws them again."""
-        rows = [self.rows[i] for i in data.draw_batch(self.buckets, self.args.batch_size, self.order)]
+        seqs = [self.seqs[i] for i in data.draw_batch(self.buckets, self.args.batch_size, self.order)]
         step_rng = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=self.order)))
-        return (rows, *self.draws(step_rng, len(rows)))
+        return (seqs, *self.draws(step_rng, len(seqs)))
 
     def draws(self, rng, n):
         """Random draws for n sequences: the MARS block offset, and the --no_sft weights (1/t per sequence)."""
@@ -84,18 +84,18 @@ class Stage:
         offset = int(torch.randint(a.block_size, (1,), generator=rng)) if a.block_offset == "random" else 0
         return offset, mars.no_sft_weights(n, rng, a.device) if a.no_sft else None
 
-    def my_micro_batches(self, rows, weights):
+    def my_micro_batches(self, seqs, weights):
         """This process's share of the global batch: micro-batches (x, y, --no_sft weights) on the device.
         Under DDP, the gradients are averaged across processes after the last one only."""
         for a in range(self.accum):
             if self.world > 1:
                 self.model.require_backward_grad_sync = a == self.accum - 1
             mine = slice((self.rank * self.accum + a) * self.micro, (self.rank * self.accum + a + 1) * self.micro)
-            x, y = self.batch(rows[mine])
+            x, y = self.batch(seqs[mine])
             yield x, y, None if weights is None else weights[mine]
 
-    def batch(self, rows):
-        return (t.to(self.args.device) for t in data.make_batch(rows, self.tok.eot, self.multiple))
+    def batch(self, seqs):
+        return (t.to(self.args.device) for t in data.make_batch(seqs, self.tok.eot, self.multiple))
 
     def loss(self, model, x, y, offset=0, weight=None):
         """The stage's loss and what to log. The control is MARS without its noisy stream: the clean term
@@ -109,17 +109,17 @@ class Stage:
 
     @torch.no_grad()
     def val_losses(self):
-        """The training loss on the validation rows, its random draws from a fixed seed (--no_sft: unweighted)."""
+        """The training loss on the validation sequences, its random draws from a fixed seed (--no_sft: unweighted)."""
         self.raw_model.eval()
         sums, rng = {}, torch.Generator().manual_seed(1234)
-        for i in range(0, len(self.val_rows), self.micro):
+        for i in range(0, len(self.val_seqs), self.micro):
             with self.amp:
-                x, y = self.batch(self.val_rows[i:i + self.micro])
+                x, y = self.batch(self.val_seqs[i:i + self.micro])
                 _, parts = self.loss(self.raw_model, x, y, self.draws(rng, 1)[0])
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + v.item()
         self.raw_model.train()
-        return {f"val_{k}": v / math.ceil(len(self.val_rows) / self.micro) for k, v in sums.items()}
+        return {f"val_{k}": v / math.ceil(len(self.val_seqs) / self.micro) for k, v in sums.items()}
 
     def save(self, step, done):
         """An atomic checkpoint (temp file + rename) of plain types, loadable with weights_only=True."""
@@ -145,9 +145,9 @@ def train(stage, later=0.0):
             lr = lr_at(it, stage.peak_lr, args.warmup, stage.iters)
             for group in stage.optimizer.param_groups:
                 group["lr"] = lr
-            rows, offset, weights = stage.draw()  # the global batch, its MARS block offset and --no_sft weights
+            seqs, offset, weights = stage.draw()  # the global batch, its MARS block offset and --no_sft weights
             logged = {}
-            for x, y, weight in stage.my_micro_batches(rows, weights):  # the gradients add up
+            for x, y, weight in stage.my_micro_batches(seqs, weights):  # the gradients add up
                 with stage.amp:
                     loss, parts = stage.loss(stage.model, x, y, offset, weight)
                 (loss / stage.accum).backward()
@@ -165,7 +165,7 @@ def train(stage, later=0.0):
             if (it + 1) % args.eval_every == 0 or last:
                 record.update(stage.val_losses())
             stage.history.append(record)
-            progress.report(record, sum(len(ids) - 1 for ids, _ in rows))
+            progress.report(record, sum(len(ids) - 1 for ids, _ in seqs))
             stop = stop_now()
             if stage.rank == 0 and (stop or last or (it + 1) % args.save_every == 0):
                 stage.save(it + 1, last)
@@ -243,7 +243,7 @@ def finish(stage):
 
 def score(model, tok, examples, B=1, tau=1.0):
     """Greedy exact-answer accuracy, overall and per family, and tokens per forward (output tokens over
-    the forwards each prompt's row took part in), decoding 64 prompts at a time."""
+    the forwards each prompt took part in), decoding 64 prompts at a time."""
     model.eval()
     done = []
     for i in range(0, len(examples), 64):  # n_vocab: never an id past the tokenizer's
@@ -264,14 +264,14 @@ def summary(out_dir, test, device):
     if not test:
         return print("no held-out test examples in this data: skipping the summary")
     print(f"\nheld-out test set ({len(test)} prompts)\n| model | accuracy | tokens/forward |\n|---|---|---|")
-    rows = []
+    table = []
     for label, name, tau in [("stage 1 (AR SFT)", "ar", None), ("MARS tau=1.0", "mars", 1.0), ("MARS tau=0.9", "mars", 0.9)]:
         ckpt = load_checkpoint(os.path.join(out_dir, f"{name}.pt"), device)
         r = score(*model_from_checkpoint(ckpt, device), test, B=ckpt.get("mars", {}).get("B", 1), tau=tau or 1.0)
-        rows.append({"model": label, "threshold": tau, **r})
+        table.append({"model": label, "threshold": tau, **r})
         print(f"| {label} | {100 * r['accuracy']:.1f}% | {r['tokens_per_forward']:.2f} |")
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+        json.dump(table, f, indent=1)
 
 
 def write_log_and_plot(name, history, out_dir):
@@ -339,7 +339,7 @@ def start_stage(name, state, args, splits, say):
 
 def cost_after(name, names, args, splits):
     """What the run does after this stage, in stage-1 steps: the later stages, the validation accuracies
-    and the summary (decoding a prompt takes about as long as training on a row)."""
+    and the summary (decoding a prompt takes about as long as training on a sequence)."""
     rest = names[names.index(name) + 1:]
     steps = sum(STEP_COST[n] * ((args.ar_iters if n == "ar" else args.mars_iters) or 0) for n in rest)
     prompts = (1 + len(rest)) * len(splits["val"][:args.summary_limit])

@@ -25,7 +25,7 @@ import time
 import cost
 import data
 from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli, threshold
-from engine import CACHE_MODES, generate_batch
+from engine import CACHE_MODES, decode_step, generate_batch
 from extras.eval import machine, score
 
 QUALITY_BATCH = 64  # AR's and fixed's accuracy passes: their outputs are the same at any batch size
@@ -210,7 +210,7 @@ def main(argv=None):
         print(f"[{time.perf_counter() - t0:5.0f}s] {line}", file=sys.stderr, flush=True)
 
     widest = max(2 * B, args.B_cache + 1 if "block" in args.caches else 0)
-    step_cost = cost.measured(model, tok.mask, max(args.batch_sizes), widest, B)  # auto's, profiled once, here
+    step_cost = cost.measured(decode_step, model, tok.mask, max(args.batch_sizes), widest, B)  # auto's, profiled once, here
     progress(f"auto's cost model: batches {step_cost.batches}, widths {step_cost.widths}")
     speeds = speed(model, tok, B, examples, args, progress)
     accs = accuracy(model, tok, B, examples, args, progress)

@@ -54,7 +54,7 @@ def padding(stage, n_batches, seed=0):
     for stage 2 also without leaving out the noisy prompt blocks (the [noisy | clean] input in full)."""
     m, g, real, left_out = Counter(stage.tok.n_vocab), torch.Generator().manual_seed(seed), 0, 0
     for _ in range(n_batches):
-        rows = [stage.rows[i] for i in data.draw_batch(stage.buckets, stage.args.batch_size, g)]
+        rows = [stage.seqs[i] for i in data.draw_batch(stage.buckets, stage.args.batch_size, g)]
         x, y = data.make_batch(rows, stage.tok.eot, stage.multiple)
         stage.loss(m, x, y)
         lengths = [len(ids) + (-len(ids) % stage.multiple) - 1 for ids, _ in rows]  # a row's inputs
@@ -143,7 +143,7 @@ def main(argv=None):
     rows, buckets = [], {name: s.buckets for name, s in stages.items()}
     for name, s in stages.items():
         for n in (1, targs.buckets):
-            s.buckets = data.length_buckets(s.rows, n, s.multiple, min_rows=8 * targs.batch_size)
+            s.buckets = data.length_buckets(s.seqs, n, s.multiple, min_seqs=8 * targs.batch_size)
             rows.append({"stage": name, "buckets": n, **padding(s, args.batches)})
             print(rows[-1], flush=True)
     settings = [(t, "float32", targs.buckets) for t in args.threads] + [(args.threads[0], "float32", 1)]
@@ -152,7 +152,7 @@ def main(argv=None):
     for threads, dtype, n in settings:
         torch.set_num_threads(threads)
         for name, s in stages.items():
-            s.buckets = buckets[name] if n == targs.buckets else data.length_buckets(s.rows, 1)
+            s.buckets = buckets[name] if n == targs.buckets else data.length_buckets(s.seqs, 1)
             s.amp = torch.autocast("cpu", torch.bfloat16, enabled=dtype == "bfloat16")
             steps.append({"stage": name, "threads": threads, "dtype": dtype, "buckets": n,
                           "ms": profile(s, args.steps)})
@@ -161,7 +161,7 @@ def main(argv=None):
             "where it exceeds the threads used, other jobs shared the cores and the times are slower and noisier "
             "than on an idle machine; compare rows of one file")
     common = {"command": command, "machine": where, "batch_size": targs.batch_size, "B": targs.block_size,
-              "train_rows": {name: len(s.rows) for name, s in stages.items()}, "tokenizer": tok.n_vocab}
+              "train_seqs": {name: len(s.seqs) for name, s in stages.items()}, "tokenizer": tok.n_vocab}
     with open(os.path.join(args.out_dir, f"padding_{args.preset}.json"), "w") as f:
         json.dump({**common, "what": "fractions of the positions fed to the model: padding (no token of a row) "
                    "and loss (a target); buckets 1 = uniform batches (before), else length buckets (after); stage 2 "

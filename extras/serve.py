@@ -46,7 +46,7 @@ from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_c
 from cost import MASK_MODES, StepCost, batch_grid
 from extras.eval import machine
 from extras.serve_report import goals, markdown, plot
-from engine import Engine, Request
+from engine import Engine, Request, decode_step
 
 # the trace: (phase, arrival rate as a multiple of the tau = 1.0 capacity), equal durations
 PHASES = (("light", 0.5), ("overload", 1.3), ("recovery", 0.5))
@@ -128,7 +128,7 @@ def profile_cost(model, mask_id, max_batch, B):
     half a context cached, eight rounds."""
     max_seq = model.config.max_seq_len
     widths = [w for w in (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96) if w < max_seq + B] + [max_seq + B]
-    return StepCost.profile(model, mask_id, batch_grid(max_batch), widths, context=max_seq // 2, repeats=8)
+    return StepCost.profile(decode_step, model, mask_id, batch_grid(max_batch), widths, context=max_seq // 2, repeats=8)
 
 
 class VirtualClock:

@@ -136,13 +136,13 @@ def test_step_cost_is_monotone_and_extends_beyond_its_grid():
 
 def test_measured_profiles_once_per_model_and_grows_when_asked_for_more():
     model = random_model(seed=5)
-    first = cost.measured(model, MASK, 4, 8, B=4)
+    first = cost.measured(engine.decode_step, model, MASK, 4, 8, B=4)
     assert first.batches == [1, 2, 4] and first.widths == list(range(1, 9))
     assert np.all(np.isfinite(first.seconds)) and np.all(first.seconds > 0)
-    assert cost.measured(model, MASK, 3, 6, B=4) is first  # covered: no new profile
-    bigger = cost.measured(model, MASK, 2, 17, B=4)  # the block cache's widths
+    assert cost.measured(engine.decode_step, model, MASK, 3, 6, B=4) is first  # covered: no new profile
+    bigger = cost.measured(engine.decode_step, model, MASK, 2, 17, B=4)  # the block cache's widths
     assert bigger is not first and bigger.batches == [1, 2, 4] and bigger.widths == [*range(1, 9), 16, 17]
-    assert cost.measured(model, MASK, 4, 8, B=4) is bigger
+    assert cost.measured(engine.decode_step, model, MASK, 4, 8, B=4) is bigger
 
 
 # ---------------------------------------------------------------------------

@@ -478,7 +478,7 @@ def test_length_buckets_reach_every_row_and_cut_padding(tok, splits, multiple):
     picked in proportion to its size (so every row is as likely as in uniform draws), the seed fixes the
     draws, and a bucketed batch carries a fraction of a uniform batch's padding."""
     rows = data.tokenize(splits["train"], tok, 64, multiple)
-    buckets = data.length_buckets(rows, 16, multiple, min_rows=8 * 16)
+    buckets = data.length_buckets(rows, 16, multiple, min_seqs=8 * 16)
     assert len(buckets) == 16 and sorted(i for b in buckets for i in b) == list(range(len(rows)))
     assert max(map(len, buckets)) - min(map(len, buckets)) <= 1
     for shorter, longer in zip(buckets, buckets[1:]):
@@ -499,7 +499,7 @@ def test_length_buckets_reach_every_row_and_cut_padding(tok, splits, multiple):
     before = sum(padding_fraction(rows, data.draw_batch(uniform, 16, g), multiple) for _ in range(400)) / 400
     after = sum(padding_fraction(rows, d, multiple) for d in draws[:400]) / 400
     assert before > 0.2 and after < 0.3 * before
-    assert len(data.length_buckets(rows[:100], 16, multiple, min_rows=128)) == 1  # too few rows to split
+    assert len(data.length_buckets(rows[:100], 16, multiple, min_seqs=128)) == 1  # too few rows to split
 
 
 def test_bucketed_batch_loss_is_the_mean_of_per_example_losses(tok, splits):
@@ -509,7 +509,7 @@ def test_bucketed_batch_loss_is_the_mean_of_per_example_losses(tok, splits):
     loss alone."""
     from model import GPT, GPTConfig
     rows = data.tokenize(splits["train"], tok, 64, 4)
-    buckets = data.length_buckets(rows, 16, 4, min_rows=128)
+    buckets = data.length_buckets(rows, 16, 4, min_seqs=128)
     mixed = next(b for b in buckets if len({padded_length(rows[i], 4) for i in b}) > 1)
     batch = [rows[i] for i in data.draw_batch([mixed], 12, torch.Generator().manual_seed(0))]
     assert len({padded_length(r, 4) for r in batch}) > 1 and len({n for _, n in batch}) > 1
