@@ -1,0 +1,299 @@
+"""MARS on a real model, measured on held-out prompts: a MARS checkpoint trained from it (by
+python -m extras.distill, then train.py --stage mars) against the base model it started from.
+
+    python -m extras.real_eval --base smollm2 --ckpt out/smollm/mars.pt --heldout out/smollm/heldout.jsonl \\
+        --trend out/smollm/mars_step*.pt --out docs/real_smollm2_cpu.json
+
+Writes --out (JSON, with the command that regenerates it) and a PNG beside it:
+1. The sweep, on --n held-out prompts, at each tau of --thresholds and lossless: tokens per forward (output
+   tokens over the forwards each prompt's row took part in, so independent of the batch); the share of
+   answers identical, token for token, to the base model's greedy answer; token agreement: the share of the
+   base answers' tokens written before the first difference; for prompts of the toy's task families, the
+   family's exact checker (data.check) and, looser, whether the expected answer appears in the answer as
+   whole words (the base model does not write the toy's formats), base against MARS. Every run of a model
+   decodes its prompts together (continuous batching, --batch rows; each request commits what it would alone).
+2. Wall clock against AR with the KV cache (the base model at B = 1), at batch 1 on the first --wall_n1
+   prompts and at batch 8 on the first --wall_n8: batch by batch, AR then each MARS decoder of
+   --wall_thresholds, so a slow spell of the machine hits all; one timed pass after a warm-up forward.
+3. The trend: tokens per forward and identical answers at --trend_tau on the first --trend_n prompts, for the
+   base model (step 0: its <|mask|> was never trained) and each --trend checkpoint, by training step
+   (train.py overwrites mars.pt; python -m extras.snapshots keeps each one it writes).
+"""
+import json
+import os
+import re
+import shlex
+import sys
+import time
+
+import torch
+
+import data
+import engine
+from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli, threshold
+from extras.distill import decode_all
+from extras.eval import machine
+
+# What the less obvious fields of the result mean (written into it).
+FIELDS = {
+    "tokens_per_forward": "output tokens (through the end of turn) over the forwards each prompt's row took part "
+                          "in, summed over the prompts: independent of the batch",
+    "identical": "share of answers identical, token for token, to the base model's greedy answer",
+    "agreement": "the base answers' tokens written before the first difference, over all the base answers' tokens",
+    "ar_agreement": "teacher-forced: share of the base answers' tokens that the MARS model's AR argmax predicts "
+                    "when fed the base answer's prefix",
+    "cut_off": "answers that reached the budget (max_new_tokens) without an end of turn",
+    "toy": "prompts of the toy's task families: exact = the family's checker (data.check), found = the expected "
+           "answer appears in the answer as whole words",
+    "speedup": "the decoder's tokens/s over AR's (the base model, KV cache), same prompts, batch by batch in turn, "
+               "one timed pass",
+    "seconds": "wall clock of each phase of this evaluation",
+}
+AR = {"tau": 1.0}  # a request's decoder: AR (tau = 1 feeds no masks), MARS at tau, or lossless
+LOSSLESS = {"tau": 1.0, "lossless": True}
+
+
+def name(decoder):
+    return "lossless" if decoder.get("lossless") else f"tau={decoder['tau']}"
+
+
+def read_heldout(path, n):
+    """The first n records of a held-out file of {task, prompt[, answer]} (extras.distill writes one)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a readable JSONL ({e})") from None
+    if not records or not all(isinstance(r, dict) and isinstance(r.get("prompt"), str) for r in records):
+        raise UserError(f"{path}: expected one {{task, prompt[, answer]}} per line")
+    if n and len(records) < n:
+        raise UserError(f"{path} holds {len(records)} prompts, --n asks for {n}")
+    return records[:n or None]
+
+
+def decode(model, tok, prompts, decoders, args, B=1):
+    """{decoder name: [finished engine.Request per prompt]}: every (prompt, decoder) pair in one engine."""
+    requests = [engine.Request(p, index=i, **d) for d in decoders for i, p in enumerate(prompts)]
+    list(decode_all(model, tok, requests, args.batch, args.max_new_tokens, B))  # the requests fill in place
+    return {name(d): requests[k * len(prompts):(k + 1) * len(prompts)] for k, d in enumerate(decoders)}
+
+
+def common_prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def ar_agreement(model, tok, prompts, base_runs, rows=8):
+    """Teacher-forced: the share of the base answers' tokens that the model's AR argmax predicts when fed the
+    base answer's own prefix (a drift that decoding turns into a different answer from the first change on)."""
+    hits = total = 0
+    for i in range(0, len(prompts), rows):
+        x, y = data.make_batch([(p + b.tokens, len(p)) for p, b in zip(prompts[i:i + rows], base_runs[i:i + rows])],
+                               tok.eot)
+        logits = model(x, logits_at=y != -1)[:, :tok.n_vocab]
+        logits[:, tok.mask] = float("-inf")  # as decoding never outputs it
+        hits += int((logits.argmax(-1) == y[y != -1]).sum())
+        total += int((y != -1).sum())
+    return round(hits / max(total, 1), 4)
+
+
+def found(answer, text):
+    """The expected answer appears in the text as whole words (case-insensitive)."""
+    return re.search(rf"(?<!\w){re.escape(answer.lower())}(?!\w)", text.lower()) is not None
+
+
+def scores(examples, base, runs, tok):
+    """One row of the sweep: tokens per forward, agreement with the base answers, accuracy on the toy's families."""
+    tokens, forwards = sum(len(r.tokens) for r in runs), sum(r.steps for r in runs)
+    row = {"tokens_per_forward": round(tokens / max(forwards, 1), 4), "tokens": tokens, "forwards": forwards,
+           "identical": round(sum(r.tokens == b.tokens for r, b in zip(runs, base)) / len(runs), 4),
+           "agreement": round(sum(common_prefix(r.tokens, b.tokens) for r, b in zip(runs, base))
+                              / max(sum(len(b.tokens) for b in base), 1), 4),
+           "cut_off": sum(r.tokens[-1:] != [tok.eot] for r in runs)}
+    toy = [(e, tok.decode([t for t in r.tokens if t != tok.eot])) for e, r in zip(examples, runs) if "answer" in e]
+    if toy:
+        row["toy"] = {"n": len(toy), "exact": round(sum(data.check(e, text) for e, text in toy) / len(toy), 4),
+                      "found": round(sum(found(e["answer"], text) for e, text in toy) / len(toy), 4)}
+    return row
+
+
+def wall_clock(base, mars_model, tok, prompts, batch, decoders, args, B):
+    """Seconds and tokens of AR (the base model) and each MARS decoder over the same prompts, batch by batch
+    in turn; speedup = the decoder's tokens/s over AR's."""
+    runs = [("ar", base, {**AR, "B": 1})] + [(name(d), mars_model, {**d, "B": B}) for d in decoders]
+    for _, model, d in runs:  # a warm-up forward per model: the first one pays for allocations
+        engine.generate_batch(model, prompts[:1], tok.eot, tok.mask, max_new_tokens=1, n_vocab=tok.n_vocab, **d)
+    seconds, tokens, forwards = [0.0] * len(runs), [0] * len(runs), [0] * len(runs)
+    for i in range(0, len(prompts), batch):
+        for k, (_, model, d) in enumerate(runs):
+            done = engine.generate_batch(model, prompts[i:i + batch], tok.eot, tok.mask, n_vocab=tok.n_vocab,
+                                         max_new_tokens=args.max_new_tokens, **d)
+            seconds[k] += done[0].seconds
+            tokens[k] += sum(len(r.tokens) for r in done)
+            forwards[k] += sum(r.steps for r in done)
+    ar_rate = tokens[0] / seconds[0]
+    return [{"decoder": n, "batch_size": batch, "prompts": len(prompts), "seconds": round(s, 2), "tokens": t,
+             "tokens_per_second": round(t / s, 2), "tokens_per_forward": round(t / f, 4),
+             "speedup": round(t / s / ar_rate, 3)} for (n, _, _), s, t, f in zip(runs, seconds, tokens, forwards)]
+
+
+def trend(base, tok, examples, prompts, base_runs, paths, args, B):
+    """Tokens per forward and identical answers at --trend_tau by training step: the base model (step 0),
+    then each checkpoint (e.g. the snapshots extras.snapshots kept of a run)."""
+    d = {"tau": args.trend_tau}
+    points = [{"step": 0, **scores(examples, base_runs, decode(base, tok, prompts, [d], args, B)[name(d)], tok),
+               "ar_agreement": 1.0}]
+    for path in paths:
+        ckpt = load_checkpoint(path)
+        model = model_from_checkpoint(ckpt)[0].eval()
+        runs = decode(model, tok, prompts, [d], args, B)[name(d)]
+        points.append({"step": ckpt["iter"], "path": path, **scores(examples, base_runs, runs, tok),
+                       "ar_agreement": ar_agreement(model, tok, prompts, base_runs)})
+        print(f"  step {ckpt['iter']}: {points[-1]['tokens_per_forward']:.2f} tokens/forward, "
+              f"{100 * points[-1]['identical']:.0f}% identical", flush=True)
+    return sorted(points, key=lambda p: p["step"])
+
+
+def plot(path, result):
+    """Left: the trend; right: the sweep, tokens per forward against identical answers."""
+    from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
+    fig = Figure(figsize=(12, 4.2), layout="constrained")  # constrained: room for the twin axis' label
+    left, right = fig.subplots(1, 2)
+    steps = [p["step"] for p in result["trend"]]
+    left.plot(steps, [p["tokens_per_forward"] for p in result["trend"]], "o-", label="tokens per forward")
+    left.set(xlabel="training step", ylabel="tokens per forward",
+             title=f"tau = {result['trend_tau']}, {result['trend_n']} held-out prompts")
+    twin = left.twinx()
+    twin.plot(steps, [100 * p["identical"] for p in result["trend"]], "s--", color="gray",
+              label="answers identical to the base model's (%)")
+    twin.plot(steps, [100 * p["ar_agreement"] for p in result["trend"]], "^:", color="gray",
+              label="AR agreement with the base model, teacher-forced (%)")
+    twin.set(ylabel="%", ylim=(0, 105))
+    fig.legend(loc="outside lower center", ncol=3, fontsize=8)
+    for r in result["sweep"]:
+        right.plot(r["tokens_per_forward"], 100 * r["identical"], "s" if r["decoder"] == "lossless" else "o")
+        right.annotate(r["decoder"], (r["tokens_per_forward"], 100 * r["identical"]), textcoords="offset points",
+                       xytext=(4, 4), fontsize=7)
+    right.set(xlabel="tokens per forward", ylabel="answers identical to the base model's (%)",
+              title=f"{result['n']} held-out prompts, B = {result['B']}")
+    fig.savefig(path, dpi=100)
+
+
+def get_args(argv=None):
+    p = Parser(__doc__)
+    p.add_argument("--base", default="smollm2", help="the base model: a GGUF file or short name, a Hugging Face "
+                                                     "directory or one of our checkpoints (default smollm2)")
+    p.add_argument("--ckpt", required=True, help="the MARS checkpoint trained from it (train.py --stage mars)")
+    p.add_argument("--heldout", required=True, help="held-out prompts, {task, prompt[, answer]} per line "
+                                                    "(python -m extras.distill --heldout)")
+    p.add_argument("--out", default="docs/real_smollm2_cpu.json", help="the JSON to write; the plot goes beside "
+                                                                      "it as .png (default docs/real_smollm2_cpu.json)")
+    p.add_argument("--n", type=int, default=200, help="held-out prompts of the sweep, the first ones (default 200; "
+                                                      "0: all)")
+    p.add_argument("--thresholds", type=threshold, nargs="+", default=[1.0, 0.95, 0.9, 0.8, 0.7],
+                   help="tau of the sweep (default 1.0 0.95 0.9 0.8 0.7); lossless is always added")
+    p.add_argument("--batch", type=int, default=32, help="rows decoded together in the sweep and the trend "
+                                                         "(default 32; the figures do not depend on it)")
+    p.add_argument("--max_new_tokens", type=int, default=128, help="the answers' budget (default 128, "
+                                                                   "extras.distill's)")
+    p.add_argument("--wall_thresholds", type=threshold, nargs="*", default=[0.9],
+                   help="tau of the wall-clock rows, with lossless (default 0.9)")
+    p.add_argument("--wall_n1", type=int, default=8, help="prompts timed at batch 1 (default 8; 0: none)")
+    p.add_argument("--wall_n8", type=int, default=32, help="prompts timed at batch 8 (default 32; 0: none)")
+    p.add_argument("--trend", nargs="*", default=[], help="checkpoints saved along the training run, for the trend")
+    p.add_argument("--trend_tau", type=threshold, default=0.9, help="tau of the trend (default 0.9)")
+    p.add_argument("--trend_n", type=int, default=48, help="prompts of the trend, the first ones (default 48)")
+    args = p.parse_args(argv)
+    if min(args.batch, args.max_new_tokens, args.trend_n) < 1 or min(args.n, args.wall_n1, args.wall_n8) < 0:
+        p.error("--batch, --max_new_tokens and --trend_n must be at least 1; --n, --wall_n1 and --wall_n8 at least 0")
+    return args
+
+
+def report(result):
+    print(f"\n{result['n']} held-out prompts, B = {result['B']}, MARS after {result['train']['steps']} steps\n\n"
+          "| decoder | tokens/forward | identical to base | agreement | toy exact | toy found |\n" + "|---" * 6 + "|")
+    for r in [result["base"]] + result["sweep"]:
+        toy = r.get("toy", {})
+        print(f"| {r['decoder']} | {r['tokens_per_forward']:.2f} | {100 * r['identical']:.1f}% | "
+              f"{100 * r['agreement']:.1f}% | {100 * toy.get('exact', 0):.1f}% | {100 * toy.get('found', 0):.1f}% |")
+    print(f"teacher-forced AR agreement with the base answers: {100 * result['ar_agreement']:.1f}%")
+    for w in result["wall"]:
+        print(f"wall clock, batch {w['batch_size']}, {w['prompts']} prompts: {w['decoder']} "
+              f"{w['tokens_per_second']:.1f} tokens/s, {w['tokens_per_forward']:.2f} tokens/forward, "
+              f"{w['speedup']:.2f}x AR")
+
+
+def training(ckpt):
+    """What the result records of the training run: its steps, time and recipe."""
+    config = ckpt["train_config"]
+    return {"steps": ckpt["iter"], "seconds": (ckpt.get("history") or [{}])[-1].get("elapsed_s"),
+            **{k: config.get(k) for k in ("batch_size", "micro_batch", "max_seq_len", "mars_lr", "mars_iters",
+                                          "warmup", "dtype", "data")}}
+
+
+class Clock:
+    """Seconds per phase of the run, for the result (what the evaluation costs)."""
+
+    def __init__(self):
+        self.t, self.phases = time.time(), {}
+
+    def lap(self, phase):
+        now = time.time()
+        self.phases[phase] = round(now - self.t, 1)
+        self.t = now
+
+
+@torch.inference_mode()
+def main(argv=None):
+    args, clock = get_args(argv), Clock()
+    command = shlex.join(["python", "-m", "extras.real_eval", *(sys.argv[1:] if argv is None else argv)])
+    examples = read_heldout(args.heldout, args.n)
+    ckpt = load_checkpoint(args.ckpt)
+    if "mars" not in ckpt:
+        raise UserError(f"{args.ckpt} is not a MARS checkpoint (train.py --stage mars writes one)")
+    base, tok = model_from_checkpoint(load_checkpoint(args.base))
+    mars_model, B = model_from_checkpoint(ckpt)[0].eval(), ckpt["mars"]["B"]
+    base.eval()
+    prompts = [tok.prompt_ids(e["prompt"]) for e in examples]
+    clock.lap("load")
+    print(f"sweep: {len(prompts)} prompts, base AR, then MARS at {args.thresholds} and lossless", flush=True)
+    base_runs = decode(base, tok, prompts, [AR], args)[name(AR)]
+    clock.lap("base")
+    runs = decode(mars_model, tok, prompts, [{"tau": t} for t in args.thresholds] + [LOSSLESS], args, B)
+    agreement = ar_agreement(mars_model, tok, prompts, base_runs)
+    clock.lap("sweep")
+    wall = []
+    for batch, n in ((1, args.wall_n1), (8, args.wall_n8)):
+        if n:
+            print(f"wall clock: batch {batch}, {n} prompts", flush=True)
+            wall += wall_clock(base, mars_model, tok, prompts[:n], batch,
+                               [{"tau": t} for t in args.wall_thresholds] + [LOSSLESS], args, B)
+            clock.lap(f"wall_batch{batch}")
+    n = min(args.trend_n, len(prompts))
+    print(f"trend: the base model and {len(args.trend)} checkpoints, {n} prompts", flush=True)
+    points = trend(base, tok, examples[:n], prompts[:n], base_runs[:n], args.trend, args, B)
+    clock.lap("trend")
+    shown = runs.get(name({"tau": args.trend_tau}), [])[:3]
+    result = {"command": command, "machine": machine(), "base_model": args.base, "ckpt": args.ckpt, "B": B,
+              "n": len(prompts), "max_new_tokens": args.max_new_tokens, "batch": args.batch, "train": training(ckpt),
+              "fields": FIELDS, "base": {"decoder": "base AR", **scores(examples, base_runs, base_runs, tok)},
+              "sweep": [{"decoder": k, **scores(examples, base_runs, v, tok)} for k, v in runs.items()],
+              "ar_agreement": agreement,
+              "lossless_identical_to_tau1": sum(a.tokens == b.tokens for a, b in zip(runs["lossless"],
+                                                                                       runs.get("tau=1.0", []))),
+              "wall": wall, "trend_tau": args.trend_tau, "trend_n": n, "trend": points,
+              "examples": [{"prompt": examples[r.index]["prompt"], "tau": args.trend_tau,
+                            "forwards": [tok.decode(c) for c in r.chunks]} for r in shown],
+              "seconds": clock.phases}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    plot(os.path.splitext(args.out)[0] + ".png", result)
+    report(result)
+    print(f"\nwrote {args.out} and its .png in {sum(clock.phases.values()) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    run_cli(main)
