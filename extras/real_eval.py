@@ -39,6 +39,8 @@ FIELDS = {
     "tokens_per_forward": "output tokens (through the end of turn) over the forwards each prompt's row took part "
                           "in, summed over the prompts: independent of the batch",
     "identical": "share of answers identical, token for token, to the base model's greedy answer",
+    "identical_to_mars_ar": "the same against the MARS checkpoint's own AR answer (tau = 1.0): what accepting "
+                            "several tokens per forward changes, training aside (lossless: 1 by construction)",
     "agreement": "the base answers' tokens written before the first difference, over all the base answers' tokens",
     "ar_agreement": "teacher-forced: share of the base answers' tokens that the MARS model's AR argmax predicts "
                     "when fed the base answer's prefix",
@@ -78,6 +80,13 @@ def decode(model, tok, prompts, decoders, args, B=1):
     return {name(d): requests[k * len(prompts):(k + 1) * len(prompts)] for k, d in enumerate(decoders)}
 
 
+def identical(runs, reference):
+    """Share of runs whose answer is the reference's, token for token (None without a reference)."""
+    if reference is None:
+        return None
+    return round(sum(a.tokens == b.tokens for a, b in zip(runs, reference)) / len(runs), 4)
+
+
 def common_prefix(a, b):
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -108,7 +117,7 @@ def scores(examples, base, runs, tok):
     """One row of the sweep: tokens per forward, agreement with the base answers, accuracy on the toy's families."""
     tokens, forwards = sum(len(r.tokens) for r in runs), sum(r.steps for r in runs)
     row = {"tokens_per_forward": round(tokens / max(forwards, 1), 4), "tokens": tokens, "forwards": forwards,
-           "identical": round(sum(r.tokens == b.tokens for r, b in zip(runs, base)) / len(runs), 4),
+           "identical": identical(runs, base),
            "agreement": round(sum(common_prefix(r.tokens, b.tokens) for r, b in zip(runs, base))
                               / max(sum(len(b.tokens) for b in base), 1), 4),
            "cut_off": sum(r.tokens[-1:] != [tok.eot] for r in runs)}
@@ -157,9 +166,9 @@ def trend(base, tok, examples, prompts, base_runs, paths, args, B):
 
 
 def plot(path, result):
-    """Left: the trend; right: the sweep, tokens per forward against identical answers."""
+    """Left: the trend by training step; right: the sweep, tokens per forward against identical answers."""
     from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
-    fig = Figure(figsize=(12, 4.2), layout="constrained")  # constrained: room for the twin axis' label
+    fig = Figure(figsize=(12, 4.5), layout="constrained")  # constrained: room for the twin axis' label
     left, right = fig.subplots(1, 2)
     steps = [p["step"] for p in result["trend"]]
     left.plot(steps, [p["tokens_per_forward"] for p in result["trend"]], "o-", label="tokens per forward")
@@ -171,13 +180,19 @@ def plot(path, result):
     twin.plot(steps, [100 * p["ar_agreement"] for p in result["trend"]], "^:", color="gray",
               label="AR agreement with the base model, teacher-forced (%)")
     twin.set(ylabel="%", ylim=(0, 105))
-    fig.legend(loc="outside lower center", ncol=3, fontsize=8)
-    for r in result["sweep"]:
-        right.plot(r["tokens_per_forward"], 100 * r["identical"], "s" if r["decoder"] == "lossless" else "o")
+    left.legend(handles=left.lines + twin.lines, fontsize=7)
+    rows = [r for r in result["sweep"] if r["decoder"] != "lossless"]
+    for key, marker, text in (("identical", "o-", "identical to the base model's answer"),
+                              ("identical_to_mars_ar", "x--", "identical to the MARS model's own AR answer")):
+        right.plot([r["tokens_per_forward"] for r in rows], [100 * r[key] for r in rows], marker, label=text)
+    for r in rows:
         right.annotate(r["decoder"], (r["tokens_per_forward"], 100 * r["identical"]), textcoords="offset points",
                        xytext=(4, 4), fontsize=7)
-    right.set(xlabel="tokens per forward", ylabel="answers identical to the base model's (%)",
-              title=f"{result['n']} held-out prompts, B = {result['B']}")
+    lossless = next(r for r in result["sweep"] if r["decoder"] == "lossless")
+    right.set(xlabel="tokens per forward", ylabel="answers (%)", ylim=(0, 105),
+              title=f"{result['n']} held-out prompts, B = {result['B']}; lossless: "
+                    f"{lossless['tokens_per_forward']:.2f} tokens/forward")
+    right.legend(fontsize=7)
     fig.savefig(path, dpi=100)
 
 
@@ -213,11 +228,13 @@ def get_args(argv=None):
 
 def report(result):
     print(f"\n{result['n']} held-out prompts, B = {result['B']}, MARS after {result['train']['steps']} steps\n\n"
-          "| decoder | tokens/forward | identical to base | agreement | toy exact | toy found |\n" + "|---" * 6 + "|")
+          "| decoder | tokens/forward | identical to base | agreement | identical to MARS AR | toy exact | "
+          "toy found |\n" + "|---" * 7 + "|")
     for r in [result["base"]] + result["sweep"]:
-        toy = r.get("toy", {})
+        toy, own = r.get("toy", {}), r.get("identical_to_mars_ar")
         print(f"| {r['decoder']} | {r['tokens_per_forward']:.2f} | {100 * r['identical']:.1f}% | "
-              f"{100 * r['agreement']:.1f}% | {100 * toy.get('exact', 0):.1f}% | {100 * toy.get('found', 0):.1f}% |")
+              f"{100 * r['agreement']:.1f}% | {'-' if own is None else f'{100 * own:.1f}%'} | "
+              f"{100 * toy.get('exact', 0):.1f}% | {100 * toy.get('found', 0):.1f}% |")
     print(f"teacher-forced AR agreement with the base answers: {100 * result['ar_agreement']:.1f}%")
     for w in result["wall"]:
         print(f"wall clock, batch {w['batch_size']}, {w['prompts']} prompts: {w['decoder']} "
@@ -279,10 +296,9 @@ def main(argv=None):
     result = {"command": command, "machine": machine(), "base_model": args.base, "ckpt": args.ckpt, "B": B,
               "n": len(prompts), "max_new_tokens": args.max_new_tokens, "batch": args.batch, "train": training(ckpt),
               "fields": FIELDS, "base": {"decoder": "base AR", **scores(examples, base_runs, base_runs, tok)},
-              "sweep": [{"decoder": k, **scores(examples, base_runs, v, tok)} for k, v in runs.items()],
+              "sweep": [{"decoder": k, **scores(examples, base_runs, v, tok), "identical_to_mars_ar":
+                         identical(v, runs.get("tau=1.0"))} for k, v in runs.items()],
               "ar_agreement": agreement,
-              "lossless_identical_to_tau1": sum(a.tokens == b.tokens for a, b in zip(runs["lossless"],
-                                                                                       runs.get("tau=1.0", []))),
               "wall": wall, "trend_tau": args.trend_tau, "trend_n": n, "trend": points,
               "examples": [{"prompt": examples[r.index]["prompt"], "tau": args.trend_tau,
                             "forwards": [tok.decode(c) for c in r.chunks]} for r in shown],

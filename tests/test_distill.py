@@ -98,7 +98,9 @@ def test_real_eval_end_to_end(tiny_run, distilled, tmp_path):
     assert [s["decoder"] for s in r["sweep"]] == ["tau=1.0", "tau=0.95", "tau=0.9", "tau=0.8", "tau=0.7", "lossless"]
     assert r["base"]["identical"] == 1 and r["base"]["agreement"] == 1 and r["base"]["tokens_per_forward"] == 1
     assert r["sweep"][0]["tokens_per_forward"] == 1  # tau = 1.0 is AR
-    assert r["lossless_identical_to_tau1"] == 6 and r["sweep"][-1]["tokens_per_forward"] > 1  # exact, and faster
+    lossless = r["sweep"][-1]
+    assert lossless["identical_to_mars_ar"] == 1 and lossless["tokens_per_forward"] > 1  # exact, and faster
+    assert 0 <= r["ar_agreement"] <= 1 and r["sweep"][0]["identical_to_mars_ar"] == 1
     assert "toy" in r["base"] and r["base"]["toy"]["n"] == sum("answer" in e for e in read(out / "heldout.jsonl")[:6])
     assert [(w["batch_size"], w["decoder"]) for w in r["wall"]] == [(b, d) for b in (1, 8)
                                                                     for d in ("ar", "tau=0.9", "lossless")]
