@@ -81,8 +81,7 @@ class Tokenizer:
                                      special_tokens={**self.specials, **self.ordinary})
         self.pattern, self.normalizer, self.chat = pattern, normalizer, chat or ToyChat()
         self.n_vocab = 1 + max([*ranks.values(), *self.specials.values(), *self.ordinary.values()])
-        # bytes without a token of their own (SmolLM2's vocabulary lacks 21): tiktoken panics on them
-        self.tokenless = set(range(256)) - {b[0] for b in ranks if len(b) == 1}
+        self.tokenless = set(range(256)) - {b[0] for b in ranks if len(b) == 1}  # tiktoken panics on these bytes
         self.split = re.compile("|".join(map(re.escape, sorted(self.specials, key=len, reverse=True))))
         self.mask, self.user, self.assistant = (self.specials.get(s) for s in SPECIAL_TOKENS[1:])
         # the end of turn: the first special token the chat writes after an assistant's text
