@@ -15,9 +15,9 @@ The prompts are built here, offline, from a seed; nothing is downloaded:
   - general instructions: the templates of GENERAL filled from word lists (data.py's and the ones below),
     so that the training text is the model's ordinary English (explanations, tips, lists, short poems), not
     only the toy's formats. They ask for short answers, which fit the token budget.
-Both kinds are drawn as distinct questions (an opener does not make a new question). --n_heldout of them,
-in the same proportions, go to the held-out file and are never trained on: every prompt whose question is
-held out is removed from the training set.
+Each kind is drawn as distinct questions (an opener does not make a new question) from its own seeded
+generator; the first --n_heldout of them, in the same proportions, go to the held-out file and are never
+trained on (the training prompts are the next questions), whatever --n_train.
 
 Answers cut off by --max_new_tokens (no end of turn) are dropped: they would teach the model to stop
 mid-sentence. The training file is written at the end, atomically; finished answers go to <out>.partial
@@ -35,7 +35,7 @@ import data
 import engine
 from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli
 
-# General instructions: a template and the word list each slot draws from (two slots draw distinct words).
+# General instructions: a template and the list each slot draws from (two slots draw distinct entries).
 TOPICS = """gravity, photosynthesis, a rainbow, the water cycle, electricity, a volcano, the moon, friendship,
 exercise, sleep, recycling, the internet, a computer, music, money, a library, the weather, ocean tides, the
 seasons, a battery, a map, a calendar, a thermometer, a bridge, an earthquake, the sun, clouds, a magnet, a
@@ -50,36 +50,42 @@ preparing for an interview, taking notes in class""".replace("\n", " ").split(",
 PLACES = """kitchen, forest, school, hospital, garden, city park, beach, library, farm, train station, museum,
 bakery, zoo, desert, office, classroom, supermarket, campsite, airport, castle""".replace("\n", " ").split(", ")
 ADJECTIVES = sorted(data.OPPOSITES)
+NOUNS = [w for w in data.WORDS if w not in {"useful", "vivid", "urban", "lucky", "quick", "jolly", "noble", "lunar"}]
+A_NOUN = [("an " if w[0] in "aeiou" else "a ") + w for w in NOUNS]
+A_PLACE = [("an " if w[0] in "aeiou" else "a ") + w for w in PLACES]
 GENERAL = [
-    ("Explain {} in one sentence.", TOPICS), ("What is {}? Answer briefly.", TOPICS),
+    ("Explain {} in one sentence.", TOPICS), ("What do you know about {}? Answer briefly.", TOPICS),
     ("Why is {} useful? Answer in two sentences.", TOPICS), ("Write a haiku about {}.", TOPICS),
     ("Give one tip for {}.", ACTIVITIES), ("Give three short tips for {}.", ACTIVITIES),
     ("What is the first step in {}?", ACTIVITIES), ("Write a sentence that uses the word {}.", data.WORDS),
-    ("Describe a {} in one sentence.", data.WORDS), ("Write a two-line poem about a {}.", data.WORDS),
-    ("What is the plural of {}?", data.WORDS), ("Give a word that rhymes with {}.", data.WORDS),
-    ("Write a short title for a story about a {}.", data.WORDS),
-    ("What is the difference between a {} and a {}? Answer in one sentence.", data.WORDS),
-    ("Name three things you can find in a {}.", PLACES), ("Describe a {} in two sentences.", PLACES),
+    ("Describe {} in one sentence.", A_NOUN), ("Write a two-line poem about {}.", A_NOUN),
+    ("What is the plural of {}?", NOUNS), ("Give a word that rhymes with {}.", data.WORDS),
+    ("Write a short title for a story about {}.", A_NOUN),
+    ("What is the difference between {} and {}? Answer in one sentence.", A_NOUN),
+    ("Name three things you can find in {}.", A_PLACE), ("Describe {} in two sentences.", A_PLACE),
     ("Tell me one fact about {}.", sorted(data.CAPITALS)), ("What language is spoken in {}?", sorted(data.CAPITALS)),
     ("Give a synonym for {}.", ADJECTIVES), ("Use the word {} in a sentence.", ADJECTIVES),
 ]
 
 
 def toy_question(rng):
-    """One question of the toy's families, drawn in equal shares: {"task", "question", "answer"}."""
+    """One question of the toy's families, drawn in equal shares, and its prompt behind one of data.OPENERS:
+    {"task", "question", "prompt", "answer"}."""
     task = rng.choice(sorted(data.TASKS))
     question, _, answer = data.TASKS[task][0](rng)
-    return {"task": task, "question": question, "answer": answer}
+    return {"task": task, "question": question, "prompt": rng.choice(data.OPENERS) + question, "answer": answer}
 
 
 def general_question(rng):
-    """One general instruction: {"task": "general", "question"}."""
+    """One general instruction: {"task": "general", "question", "prompt"}."""
     template, words = rng.choice(GENERAL)
-    return {"task": "general", "question": template.format(*rng.sample(words, template.count("{}")))}
+    question = template.format(*rng.sample(words, template.count("{}")))
+    return {"task": "general", "question": question, "prompt": question}
 
 
 def distinct_questions(draw, n, rng):
-    """n distinct questions from draw(rng); ValueError when draws keep repeating (the space is too small)."""
+    """The first n distinct questions draw(rng) gives, in draw order; ValueError when draws keep repeating (the
+    space is too small)."""
     found = {}
     for _ in range(50 * n):
         if len(found) == n:
@@ -92,23 +98,20 @@ def distinct_questions(draw, n, rng):
 
 
 def prompt_sets(n_train, n_heldout, toy_share, seed):
-    """(training prompts, held-out prompts): lists of {"task", "prompt"[, "answer"]}. Questions are drawn
-    distinct, split at random (seeded) in the same toy/general proportions, and a toy question becomes its
-    prompt behind one of data.OPENERS; a held-out question never has a training prompt (by its text)."""
-    rng = random.Random(seed)
+    """(training prompts, held-out prompts): lists of {"task", "prompt"[, "answer"]}. Each kind (the toy's
+    families, general instructions) draws distinct questions from its own seeded generator: the first ones are
+    held out, in the same toy/general proportions, the next ones are for training, so a held-out question never
+    has a training prompt and the held-out set does not depend on n_train."""
     train, heldout = [], []
-    for draw, share in ((toy_question, toy_share), (general_question, 1 - toy_share)):
+    for kind, draw, share in (("toy", toy_question, toy_share), ("general", general_question, 1 - toy_share)):
         n_out, n_in = round(n_heldout * share), round(n_train * share)
-        questions = distinct_questions(draw, n_out + n_in, rng) if n_out + n_in else []
-        rng.shuffle(questions)
-        held = {q["question"] for q in questions[:n_out]}
+        questions = distinct_questions(draw, n_out + n_in, random.Random(f"{seed}-{kind}")) if n_out + n_in else []
+        for q in questions:
+            del q["question"]
         heldout += questions[:n_out]
-        train += [q for q in questions[n_out:] if q["question"] not in held]
-    for q in train + heldout:
-        opener = rng.choice(data.OPENERS) if q["task"] != "general" else ""
-        q["prompt"] = opener + q.pop("question")
-    rng.shuffle(train)
-    rng.shuffle(heldout)
+        train += questions[n_out:]
+    for prompts, name in ((heldout, "heldout"), (train, "train")):
+        random.Random(f"{seed}-{name}").shuffle(prompts)  # the families interleaved
     return train, heldout
 
 
@@ -154,21 +157,22 @@ def read_partial(path, prompts):
 
 
 class Progress:
-    """A line every 30 s: prompts done, kept and dropped, tokens/s, ETA."""
+    """A line every 30 s and at the end: prompts done, kept and dropped, tokens/s, ETA."""
 
     def __init__(self, total, done):
-        self.total, self.start, self.t0, self.t_line, self.tokens = total, done, time.time(), time.time(), 0
+        self.total, self.start, self.shown = total, done, None
+        self.t0, self.t_line, self.tokens = time.time(), time.time(), 0
 
     def report(self, done, kept, tokens, last=False):
         self.tokens += tokens
         now = time.time()
-        if not last and now - self.t_line < 30:
+        if (now - self.t_line < 30 and not last) or self.shown == done:
             return
         rate = (done - self.start) / max(now - self.t0, 1e-9)
         eta = (self.total - done) / rate if rate else float("nan")
         print(f"distilled {done}/{self.total} prompts: kept {kept}, dropped {done - kept} (cut off) | "
               f"{self.tokens / (now - self.t0):.1f} tokens/s | ETA {eta / 60:.1f} min", flush=True)
-        self.t_line = now
+        self.t_line, self.shown = now, done
 
 
 def distill(model, tok, prompts, path, batch, max_new_tokens):
@@ -203,14 +207,14 @@ def get_args(argv=None):
     p.add_argument("--out", required=True, help="the training JSONL to write: one {prompt, response} per line")
     p.add_argument("--heldout", required=True, help="the held-out JSONL to write: {task, prompt[, answer]} per "
                    "line, never trained on (python -m extras.real_eval --heldout)")
-    p.add_argument("--n_train", type=int, default=1600, help="training prompts to answer (default 1600), before "
+    p.add_argument("--n_train", type=int, default=2400, help="training prompts to answer (default 2400), before "
                    "cut-off answers are dropped")
     p.add_argument("--n_heldout", type=int, default=300, help="held-out prompts (default 300)")
     p.add_argument("--toy_share", type=float, default=0.5, help="share of prompts from the toy's task families, "
                    "the rest general instructions (default 0.5)")
     p.add_argument("--max_new_tokens", type=int, default=128, help="the answer's budget; answers it cuts off are "
                    "dropped (default 128)")
-    p.add_argument("--batch", type=int, default=16, help="prompts decoded together (default 16)")
+    p.add_argument("--batch", type=int, default=32, help="prompts decoded together (default 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the held-out split (default 0)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
     args = p.parse_args(argv)

@@ -7,17 +7,20 @@ python -m extras.distill, then train.py --stage mars) against the base model it 
 Writes --out (JSON, with the command that regenerates it) and a PNG beside it:
 1. The sweep, on --n held-out prompts, at each tau of --thresholds and lossless: tokens per forward (output
    tokens over the forwards each prompt's row took part in, so independent of the batch); the share of
-   answers identical, token for token, to the base model's greedy answer; token agreement: the share of the
-   base answers' tokens written before the first difference; for prompts of the toy's task families, the
-   family's exact checker (data.check) and, looser, whether the expected answer appears in the answer as
-   whole words (the base model does not write the toy's formats), base against MARS. Every run of a model
-   decodes its prompts together (continuous batching, --batch rows; each request commits what it would alone).
+   answers identical, token for token, to the base model's greedy answer, and to the MARS model's own AR
+   answer (tau = 1.0); agreement: the share of the base answers' tokens written before the first difference;
+   for prompts of the toy's task families, the family's exact checker (data.check) and, looser, whether the
+   expected answer appears in the answer as whole words (the base model does not write the toy's formats),
+   base against MARS. Every run of a model decodes its prompts together (continuous batching, --batch rows;
+   each request commits what it would alone). Also the MARS model's teacher-forced AR agreement: the share of
+   the base answers' tokens that its AR argmax predicts when fed the base answer's prefix.
 2. Wall clock against AR with the KV cache (the base model at B = 1), at batch 1 on the first --wall_n1
    prompts and at batch 8 on the first --wall_n8: batch by batch, AR then each MARS decoder of
    --wall_thresholds, so a slow spell of the machine hits all; one timed pass after a warm-up forward.
-3. The trend: tokens per forward and identical answers at --trend_tau on the first --trend_n prompts, for the
-   base model (step 0: its <|mask|> was never trained) and each --trend checkpoint, by training step
-   (train.py overwrites mars.pt; python -m extras.snapshots keeps each one it writes).
+3. The trend: tokens per forward, identical answers and AR agreement at --trend_tau on the first --trend_n
+   prompts, for the base model (step 0: its <|mask|> was never trained) and each --trend checkpoint, by
+   training step (train.py overwrites mars.pt; python -m extras.snapshots keeps each one it writes).
+The JSON's "fields" defines each figure.
 """
 import json
 import os
@@ -216,10 +219,10 @@ def get_args(argv=None):
     p.add_argument("--wall_thresholds", type=threshold, nargs="*", default=[0.9],
                    help="tau of the wall-clock rows, with lossless (default 0.9)")
     p.add_argument("--wall_n1", type=int, default=8, help="prompts timed at batch 1 (default 8; 0: none)")
-    p.add_argument("--wall_n8", type=int, default=32, help="prompts timed at batch 8 (default 32; 0: none)")
+    p.add_argument("--wall_n8", type=int, default=24, help="prompts timed at batch 8 (default 24; 0: none)")
     p.add_argument("--trend", nargs="*", default=[], help="checkpoints saved along the training run, for the trend")
     p.add_argument("--trend_tau", type=threshold, default=0.9, help="tau of the trend (default 0.9)")
-    p.add_argument("--trend_n", type=int, default=48, help="prompts of the trend, the first ones (default 48)")
+    p.add_argument("--trend_n", type=int, default=32, help="prompts of the trend, the first ones (default 32)")
     args = p.parse_args(argv)
     if min(args.batch, args.max_new_tokens, args.trend_n) < 1 or min(args.n, args.wall_n1, args.wall_n8) < 0:
         p.error("--batch, --max_new_tokens and --trend_n must be at least 1; --n, --wall_n1 and --wall_n8 at least 0")

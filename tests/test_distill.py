@@ -39,6 +39,7 @@ def run_distill(args):
 def test_held_out_questions_never_have_a_training_prompt():
     train, heldout = distill.prompt_sets(400, 100, 0.5, seed=3)
     assert (train, heldout) == distill.prompt_sets(400, 100, 0.5, seed=3)  # seeded
+    assert heldout == distill.prompt_sets(900, 100, 0.5, seed=3)[1]  # whatever the training set's size
     assert len(heldout) == 100 and len(train) == 400 and len({p["prompt"] for p in train}) == 400
     assert not {question(p["prompt"]) for p in heldout} & {question(p["prompt"]) for p in train}
     toy = [p for p in heldout if p["task"] != "general"]
