@@ -96,7 +96,7 @@ def measured(decode_step, model, mask_id, max_batch, max_width, B):
     return cost
 
 
-def best_masks(chances, cost, fed=None):
+def best_masks(chances, cost, fed=None, write=False):
     """How many masks each request of a batch feeds: min(K, len(chances[r])) for the K that maximises the batch's
     expected committed tokens per second, sum_r E_r(k_r) / cost(batch, width), the fewest on a tie.
 
@@ -105,7 +105,11 @@ def best_masks(chances, cost, fed=None):
     width: the forward's, its widest row's, fed_r + k_r, fed_r being what row r carries whatever k (the block
     cache's span, or the whole sequence without a cache); fed=None: the sliding cache, whose row carries what
     its last forward committed, E_r(k_r) once k_r is what it feeds (so a token is paid for when it is fed).
-    One K for the batch: a row's masks cost nothing while another row is wider, so every row takes them."""
+    One K for the batch: a row's masks cost nothing while another row is wider, so every row takes them.
+    write: the block cache, where 0 masks makes the forward a write, which goes on as AR with the KV cache: K = 0
+    is valued at AR's rate, rows / cost(batch, 1); K > 0 is also charged twice what its commits add to the span
+    (its rows then carry fed_r + E_r(k)), which the next forward and the write both feed: a span ends once
+    filling it pays less than AR. Free masks (a cost flat in width) never end one early: the fixed mode."""
     gains = []  # per request, E(k) for k = 0..its most
     for p in chances:
         E, reached = [1.0], 1.0
@@ -113,14 +117,19 @@ def best_masks(chances, cost, fed=None):
             reached *= chance
             E.append(E[-1] + reached)
         gains.append(E)
-    best, best_rate, carried = 0, 0.0, fed or [None] * len(gains)
+    best, best_rate, carried, n = 0, 0.0, fed or [None] * len(gains), len(chances)
     for K in range(max(map(len, chances), default=0) + 1):
-        tokens = width = 0
+        tokens = width = after = 0
         for E, f in zip(gains, carried):
             k = min(K, len(E) - 1)
             tokens += E[k]
             width = max(width, k + (E[k] if f is None else f))
-        rate = tokens / cost(len(chances), width)
+            after = max(after, (f or 0) + E[k])
+        if not write:
+            seconds = cost(n, width)
+        else:
+            seconds = cost(n, 1) if K == 0 else cost(n, width) + 2 * (cost(n, after) - cost(n, max(carried)))
+        rate = tokens / seconds
         if rate > best_rate:
             best, best_rate = K, rate
     return [min(best, len(p)) for p in chances]
@@ -132,8 +141,9 @@ class AutoMasks:
 
     Counts per prediction j + 1: how often it was reached (fed, and predictions 2..j accepted) and accepted,
     per request (Request.acceptance) and over all. A request's rate is its own counts plus PRIOR forwards at
-    the engine-wide rate (A + 1) / (N + 1), which starts optimistic (1.0: feed masks, then learn) and goes on
-    learning from every request that feeds masks: a request that stopped feeding them follows the others'.
+    the engine-wide rate (A + p0) / (N + 1), which starts at p0 and goes on learning from every request that
+    feeds masks: a request that stopped feeding them follows the others'. p0 is optimistic (1.0: feed masks,
+    then learn) for the B - 1 predictions training taught, and 0.5 beyond them (the block cache's far masks).
     Plain Python on a few numbers per request: this runs before every forward, and must cost far less than
     the forward it sizes (a millisecond, for a small model)."""
 
@@ -142,9 +152,12 @@ class AutoMasks:
         self.most = max(engine.B, block.B_cache if block else 1) - 1  # the fixed mode's most masks
         widest = block.B_cache + 1 if block else 2 * engine.B
         self.cost = step_cost or measured(decode_step, engine.model, engine.mask_id, engine.max_batch, widest, engine.B)
-        self.sliding, self.max_accept = engine.kv is not None and block is None, engine.max_accept
+        self.sliding, self.block = engine.kv is not None and block is None, block is not None
+        self.max_accept = engine.max_accept
+        self.dropped = False  # the last forward's masks were all dropped (the block cache then writes)
         self.total = self.new_counts()
-        self.prior = [1.0] * self.most  # the engine-wide rates, (A + 1) / (N + 1)
+        self.first = [1.0 if j < engine.B - 1 else 0.5 for j in range(self.most)]  # p0
+        self.prior = list(self.first)  # the engine-wide rates
 
     def new_counts(self):
         return [[0] * self.most, [0] * self.most]  # [reached, accepted] per prediction after the AR one
@@ -159,8 +172,10 @@ class AutoMasks:
         cap = self.max_accept - 1 if self.max_accept else self.most
         most = [max(min(r.n_masks, r.left - 1, cap), 0) for r in requests]  # masks whose predictions could commit
         chances = [self.rates(r, m) for r, m in zip(requests, most)]
-        for r, k in zip(requests, best_masks(chances, self.cost, None if self.sliding else fed)):
+        ks = best_masks(chances, self.cost, None if self.sliding else fed, write=self.block)
+        for r, k in zip(requests, ks):
             r.n_masks = k
+        self.dropped = any(most) and not any(ks)  # every mask that could commit: the block cache then writes
 
     def observe(self, requests, extra):
         """extra: per request, the predictions after the AR one that its forward accepted (lossless: its drafts)."""
@@ -173,4 +188,4 @@ class AutoMasks:
                         counts[0][j] += 1
                     for j in range(got):
                         counts[1][j] += 1
-        self.prior = [(accepted + 1) / (reached + 1) for reached, accepted in zip(*self.total)]
+        self.prior = [(accepted + p0) / (reached + 1) for p0, reached, accepted in zip(self.first, *self.total)]

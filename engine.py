@@ -126,8 +126,10 @@ class BlockCache:
     frozen while each request fills its next B_cache positions: each inner forward feeds the span (its
     committed tokens, then masks to its end) and commits left to right, never past its end; a full request
     waits. When every request is full, one forward writes the spans into the cache (it counts, as does
-    the prompt's first write); requests join and leave only then."""
+    the prompt's first write); requests join and leave only then. masks="auto" (beyond the paper): a forward
+    in which auto drops every mask writes too (AR with a KV cache), and a waiting request ends the spans."""
     B_cache: int  # positions filled between two writes: the cache's synchronisation granularity, not MARS's B
+    wrote: bool = False  # the last forward was a write
 
     @staticmethod
     def filling(requests):  # between two writes
@@ -135,21 +137,17 @@ class BlockCache:
 
     def step(self, engine):
         """One forward, a write or an inner one; returns its window width."""
-        requests = engine.running
-        if not self.filling(requests):  # write every committed token but the last, which opens the next windows
-            for r in requests:
-                r.n_masks = 0
-            _, _, width = engine.forward()
+        requests, full = engine.running, not self.filling(engine.running)
+        for r in requests:
+            r.n_masks = 0 if full or not mars.masks_to_feed(engine.B, r.tau) else max(r.end - len(r.ids) - 1, 0)
+        tokens, conf, width = engine.forward()  # masks="auto" may drop masks
+        self.wrote = full or (engine.auto is not None and engine.auto.dropped)
+        committed = [commit(r, new, engine.eot_id, past_eot=True) if len(r.ids) < r.end else []  # a full request waits
+                     for r, (new, _) in zip(requests, engine.commits(tokens, conf))]
+        if self.wrote:  # everything fed is cached but the last token, which opens the next windows
             for r in requests:
                 r.cached = len(r.ids) - 1
                 r.end = len(r.ids) + min(self.B_cache, r.left)
-            engine.settle([[] for _ in requests])
-            return width
-        for r in requests:
-            r.n_masks = max(r.end - len(r.ids) - 1, 0) if mars.masks_to_feed(engine.B, r.tau) else 0
-        tokens, conf, width = engine.forward()
-        committed = [commit(r, new, engine.eot_id, past_eot=True) if len(r.ids) < r.end else []
-                     for r, (new, _) in zip(requests, engine.commits(tokens, conf))]
         engine.settle(committed)
         return width
 
@@ -189,7 +187,10 @@ class Engine:
     def admit(self):
         """Waiting requests join, up to max_batch (the block cache: only at a write)."""
         if self.block_cache and self.block_cache.filling(self.running):
-            return
+            if not (self.auto and self.waiting and len(self.running) < self.max_batch):
+                return
+            for r in self.running:  # masks="auto": the next forward writes the spans and the new prompts
+                r.end = len(r.ids)
         n = min(len(self.waiting), self.max_batch - len(self.running))
         for _ in range(n):
             r = self.waiting.popleft()
@@ -202,14 +203,13 @@ class Engine:
             self.kv.add_rows(n)
 
     def step(self):
-        """Admit, one forward, commit, evict. Returns (stepped, finished, width): the requests
-        the forward carried, those that left after it, and its window width (what it costs)."""
+        """Admit, one forward, commit, evict. Returns (stepped, finished, width): who it carried, who left, its cost."""
         self.admit()
         stepped = list(self.running)
         if not stepped:
             return [], [], 0
-        may_leave = not (self.block_cache and self.block_cache.filling(stepped))  # the block cache: after a write only
         width = self.block_cache.step(self) if self.block_cache else self.slide_step()
+        may_leave = not self.block_cache or self.block_cache.wrote  # the block cache: after a write only
         leave = [may_leave and (r.left <= 0 or r.tokens[-1:] == [self.eot_id]) for r in stepped]
         self.evict([i for i, out in enumerate(leave) if not out])
         return stepped, [r for r, out in zip(stepped, leave) if out], width

@@ -96,6 +96,18 @@ def test_the_sliding_cache_pays_for_what_it_commits():
     assert one([0.8] * 3, line, fed=8) == 3
 
 
+def test_the_block_cache_ends_a_span_once_filling_it_pays_less_than_ar():
+    """write=True: 0 masks is a write, worth AR's rate; masks are charged twice the span they add. A fresh
+    window (1 token carried) takes three masks at 90%; a span of 6 gives up, though without a write to fall
+    back on, masks would still pay; free masks always fill the span (the fixed mode), prohibitive never."""
+    line = lambda b, w: 1 + 0.3 * w  # noqa: E731
+    assert one([0.9] * 3, line, fed=1) == 3 and cost.best_masks([[0.9] * 3], line, [1], write=True) == [3]
+    assert one([0.9] * 3, line, fed=6) == 3 and cost.best_masks([[0.9] * 3], line, [6], write=True) == [0]
+    for fed in (1, 6, 15):
+        assert cost.best_masks([[0.6] * 9, [0.01] * 9], FREE, [fed, 2], write=True) == [9, 9]
+        assert cost.best_masks([[0.999] * 9], PROHIBITIVE, [fed], write=True) == [0]
+
+
 def test_acceptance_is_learnt_per_request_from_an_engine_wide_prior():
     eng = SimpleNamespace(B=4, block_cache=None, kv=object(), max_accept=None)
     auto = cost.AutoMasks(eng, step_cost=lambda b, w: 1 + 0.2 * w)
@@ -121,6 +133,9 @@ def test_acceptance_is_learnt_per_request_from_an_engine_wide_prior():
     auto.max_accept, good.n_masks, good.left = 2, 3, 50
     auto.size([good], [1])
     assert good.n_masks == 1
+    # the block cache's masks beyond the B - 1 that training taught start at 0.5
+    eng.block_cache = engine.BlockCache(B_cache=8)
+    assert cost.AutoMasks(eng, step_cost=FREE).rates(new, 7) == [1.0] * 3 + [0.5] * 4
 
 
 # ---------------------------------------------------------------------------
@@ -163,6 +178,36 @@ def test_prohibitive_masks_are_ar(m, kw):
     assert toks(gen(m, B=4, tau=0.5, masks="auto", step_cost=PROHIBITIVE, trace=trace, **kw)) == ar
     assert not any(masks_fed(trace))
     assert toks(gen(m, B=4, tau=0.5, **kw)) != ar  # so this is not trivial
+
+
+def test_the_block_cache_under_auto_writes_when_masks_do_not_pay(m):
+    """A forward in which auto drops every mask writes the spans and commits each request's AR token, as AR with a
+    KV cache: here the modelled cost of the block cache falls below the fixed mode's. Requests still join at once
+    (the spans end at the next forward) and leave after a write; with masks prohibitive that is AR, token for token."""
+    line = lambda b, w: 1 + 0.3 * b * w  # noqa: E731
+    modelled = {}
+    for masks in ("fixed", "auto"):
+        trace = []
+        gen(m, B=4, tau=0.5, cache="block", B_cache=8, masks=masks, step_cost=line, trace=trace)
+        forwards = {}
+        for e in trace:
+            forwards.setdefault(e["step"], []).append(e)
+        modelled[masks] = sum(line(len(es), max(len(e["fed"]) for e in es)) for es in forwards.values())
+        writes = [es for es in forwards.values() if all(e["cache_after"] > e["cache_before"] for e in es)]
+        ar_writes = [es for es in writes if any(e["committed"] for e in es)]
+        assert bool(ar_writes) == (masks == "auto")  # the fixed mode's writes commit nothing
+        assert all(len(e["committed"]) <= 1 and MASK not in e["fed"] for es in ar_writes for e in es)
+    assert modelled["auto"] < 0.8 * modelled["fixed"]
+    ar = [t[:10 + 7 * i] for i, t in enumerate(toks(gen(m, B=1)))]
+    eng = engine.Engine(m, EOT, MASK, 4, 2, N, cache="block", B_cache=8, masks="auto", step_cost=PROHIBITIVE)
+    requests = [engine.Request(list(p), tau=0.5, max_new_tokens=10 + 7 * i) for i, p in enumerate(PROMPTS)]
+    eng.waiting.extend(requests)
+    for _ in range(2 * N * len(PROMPTS)):
+        if not eng.backlog:
+            break
+        stepped, _, _ = eng.step()
+        assert len(stepped) == 2 or not eng.waiting  # a request waits only for a free row, not for a span's end
+    assert [r.tokens for r in requests] == ar
 
 
 def test_lossless_under_auto_is_ar(m):
