@@ -9,7 +9,8 @@ with the KV cache) up to what the fixed mode feeds, that maximises its expected 
 
 t the StepCost below, p_j the request's running rate of acceptance of prediction j + 1 when it was reached
 (AutoMasks). Acceptance is still conf >= tau and lossless decoding stays exact: only the number of masks
-changes (in the block cache, a forward left without masks also writes the spans, as AR would). Its outputs then depend on this machine's timings, which is why the fixed mode is the default.
+changes (in the block cache, a forward left without masks also writes the spans, as AR would). Its outputs
+then depend on this machine's timings, which is why the fixed mode is the default.
 extras.serve's virtual clock uses the same cost model. The engine imports this module; profiling times
 the engine's forward, which its callers hand in (decode_step).
 """
