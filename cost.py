@@ -9,8 +9,8 @@ with the KV cache) up to what the fixed mode feeds, that maximises its expected 
 
 t the StepCost below, p_j the request's running rate of acceptance of prediction j + 1 when it was reached
 (AutoMasks). Acceptance is still conf >= tau and lossless decoding stays exact: only the number of masks
-changes (in the block cache, a forward left without masks also writes the spans, as AR would). Its outputs
-then depend on this machine's timings, which is why the fixed mode is the default.
+changes. Under the block cache, auto writes at every forward, so it slides (engine.Engine says why). Its
+outputs then depend on this machine's timings, which is why the fixed mode is the default.
 extras.serve's virtual clock uses the same cost model. The engine imports this module; profiling times
 the engine's forward, which its callers hand in (decode_step).
 """
@@ -79,38 +79,34 @@ def batch_grid(max_batch):
 _measured = weakref.WeakKeyDictionary()  # model -> {(device, dtype): StepCost}: one profile per model in a process
 
 
-def measured(decode_step, model, mask_id, max_batch, max_width, B):
-    """A short profile for masks="auto" (a few seconds): batches up to max_batch, every width up to 2B, then
-    doublings up to max_width, three rounds. Kept per model, device and dtype for the process, and reused by
+def measured(decode_step, model, mask_id, max_batch, B):
+    """A short profile for masks="auto" (a few seconds): batches up to max_batch, widths 1 to 2B (the widest
+    sliding window is 2B - 1), three rounds. Kept per model, device and dtype for the process, and reused by
     every engine it covers (extras.eval builds one per batch); profiled again, larger, when one needs more."""
     weight = model.wte.weight
     known = _measured.setdefault(model, {})
     old = known.get((weight.device, weight.dtype))
     if old:
-        if old.batches[-1] >= max_batch and old.widths[-1] >= max_width:
+        if old.batches[-1] >= max_batch and old.widths[-1] >= 2 * B:
             return old
-        max_batch, max_width = max(max_batch, old.batches[-1]), max(max_width, old.widths[-1])
-    widths = sorted({*range(1, min(2 * B, max_width) + 1), *(2 ** k for k in range(max_width.bit_length())), max_width})
+        max_batch, B = max(max_batch, old.batches[-1]), max(B, old.widths[-1] // 2)
+    widths = list(range(1, 2 * B + 1))
     context = min(model.config.max_seq_len // 2, AUTO_CONTEXT)
     cost = StepCost.profile(decode_step, model, mask_id, batch_grid(max_batch), widths, context, repeats=3)
     known[weight.device, weight.dtype] = cost
     return cost
 
 
-def best_masks(chances, cost, fed=None, write=False):
+def best_masks(chances, cost, fed=None):
     """How many masks each request of a batch feeds: min(K, len(chances[r])) for the K that maximises the batch's
     expected committed tokens per second, sum_r E_r(k_r) / cost(batch, width), the fewest on a tie.
 
     chances[r][j - 1]: the chance that request r's prediction j + 1 is accepted once reached, for each mask it
     may feed; E_r(k) = 1 + sum_{i <= k} prod_{j <= i} chances[r][j - 1], the tokens it is expected to commit.
-    width: the forward's, its widest row's, fed_r + k_r, fed_r being what row r carries whatever k (the block
-    cache's span, or the whole sequence without a cache); fed=None: the sliding cache, whose row carries what
-    its last forward committed, E_r(k_r) once k_r is what it feeds (so a token is paid for when it is fed).
-    One K for the batch: a row's masks cost nothing while another row is wider, so every row takes them.
-    write: the block cache, where 0 masks makes the forward a write, which goes on as AR with the KV cache: K = 0
-    is valued at AR's rate, rows / cost(batch, 1); K > 0 is also charged twice what its commits add to the span
-    (its rows then carry fed_r + E_r(k)), which the next forward and the write both feed: a span ends once
-    filling it pays less than AR. Free masks (a cost flat in width) never end one early: the fixed mode."""
+    width: the forward's, its widest row's, fed_r + k_r, fed_r being what row r carries whatever k (the whole
+    sequence without a cache); fed=None: the sliding cache, whose row carries what its last forward committed,
+    E_r(k_r) once k_r is what it feeds (so a token is paid for when it is fed).
+    One K for the batch: a row's masks cost nothing while another row is wider, so every row takes them."""
     gains = []  # per request, E(k) for k = 0..its most
     for p in chances:
         E, reached = [1.0], 1.0
@@ -120,17 +116,12 @@ def best_masks(chances, cost, fed=None, write=False):
         gains.append(E)
     best, best_rate, carried, n = 0, 0.0, fed or [None] * len(gains), len(chances)
     for K in range(max(map(len, chances), default=0) + 1):
-        tokens = width = after = 0
+        tokens = width = 0
         for E, f in zip(gains, carried):
             k = min(K, len(E) - 1)
             tokens += E[k]
             width = max(width, k + (E[k] if f is None else f))
-            after = max(after, (f or 0) + E[k])
-        if not write:
-            seconds = cost(n, width)
-        else:
-            seconds = cost(n, 1) if K == 0 else cost(n, width) + 2 * (cost(n, after) - cost(n, max(carried)))
-        rate = tokens / seconds
+        rate = tokens / cost(n, width)
         if rate > best_rate:
             best, best_rate = K, rate
     return [min(best, len(p)) for p in chances]
@@ -142,23 +133,17 @@ class AutoMasks:
 
     Counts per prediction j + 1: how often it was reached (fed, and predictions 2..j accepted) and accepted,
     per request (Request.acceptance) and over all. A request's rate is its own counts plus PRIOR forwards at
-    the engine-wide rate (A + p0) / (N + 1), which starts at p0 and goes on learning from every request that
-    feeds masks: a request that stopped feeding them follows the others'. p0 is optimistic (1.0: feed masks,
-    then learn) for the B - 1 predictions training taught, and 0.5 beyond them (the block cache's far masks).
+    the engine-wide rate (A + 1) / (N + 1), which starts optimistic (1.0: feed masks, then learn) and goes on
+    learning from every request that feeds masks: a request that stopped feeding them follows the others'.
     Plain Python on a few numbers per request: this runs before every forward, and must cost far less than
     the forward it sizes (a millisecond, for a small model)."""
 
     def __init__(self, engine, step_cost=None, decode_step=None):
-        block = engine.block_cache
-        self.most = max(engine.B, block.B_cache if block else 1) - 1  # the fixed mode's most masks
-        widest = block.B_cache + 1 if block else 2 * engine.B
-        self.cost = step_cost or measured(decode_step, engine.model, engine.mask_id, engine.max_batch, widest, engine.B)
-        self.sliding, self.block = engine.kv is not None and block is None, block is not None
-        self.max_accept = engine.max_accept
-        self.dropped = False  # the last forward's masks were all dropped (the block cache then writes)
+        self.most = engine.B - 1  # the fixed mode's masks
+        self.cost = step_cost or measured(decode_step, engine.model, engine.mask_id, engine.max_batch, engine.B)
+        self.sliding, self.max_accept = engine.kv is not None, engine.max_accept
         self.total = self.new_counts()
-        self.first = [1.0 if j < engine.B - 1 else 0.5 for j in range(self.most)]  # p0
-        self.prior = list(self.first)  # the engine-wide rates
+        self.prior = [1.0] * self.most  # the engine-wide rates
 
     def new_counts(self):
         return [[0] * self.most, [0] * self.most]  # [reached, accepted] per prediction after the AR one
@@ -173,10 +158,8 @@ class AutoMasks:
         cap = self.max_accept - 1 if self.max_accept else self.most
         most = [max(min(r.n_masks, r.left - 1, cap), 0) for r in requests]  # masks whose predictions could commit
         chances = [self.rates(r, m) for r, m in zip(requests, most)]
-        ks = best_masks(chances, self.cost, None if self.sliding else fed, write=self.block)
-        for r, k in zip(requests, ks):
+        for r, k in zip(requests, best_masks(chances, self.cost, None if self.sliding else fed)):
             r.n_masks = k
-        self.dropped = any(most) and not any(ks)  # every mask that could commit: the block cache then writes
 
     def observe(self, requests, extra):
         """extra: per request, the predictions after the AR one that its forward accepted (lossless: its drafts)."""
@@ -189,4 +172,4 @@ class AutoMasks:
                         counts[0][j] += 1
                     for j in range(got):
                         counts[1][j] += 1
-        self.prior = [(accepted + p0) / (reached + 1) for p0, reached, accepted in zip(self.first, *self.total)]
+        self.prior = [(accepted + 1) / (reached + 1) for reached, accepted in zip(*self.total)]

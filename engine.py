@@ -114,9 +114,10 @@ def lossless_commit(preds, drafts):
 
 def kv_slots(prompts, max_seq, max_new_tokens, B, cache, B_cache):
     """KV-cache slots a batch of prompts can need: a row caches at most its final length - 1, then a forward writes
-    the widest row's window: 2B - 1 sliding (new tokens or drafts, B - 1 masks), B_cache + 1 for the block cache."""
+    the widest row's window: 2B - 1 sliding (new tokens or drafts, B - 1 masks), B_cache + 1 for the block cache
+    (or 2B - 1 if wider: under masks="auto" it slides)."""
     longest = max(min(len(p) + max_new_tokens, max_seq) for p in prompts)
-    widest = B_cache + 1 if cache == "block" else 2 * B - 1
+    widest = max(B_cache + 1 if cache == "block" else 0, 2 * B - 1)
     return longest - 1 + widest
 
 
@@ -126,8 +127,7 @@ class BlockCache:
     frozen while each request fills its next B_cache positions: each inner forward feeds the span (its
     committed tokens, then masks to its end) and commits left to right, never past its end; a full request
     waits. When every request is full, one forward writes the spans into the cache (it counts, as does
-    the prompt's first write); requests join and leave only then. masks="auto" (beyond the paper): a forward
-    in which auto drops every mask writes too (AR with a KV cache), and a waiting request ends the spans."""
+    the prompt's first write); requests join and leave only then. masks="fixed" only (see Engine)."""
     B_cache: int  # positions filled between two writes: the cache's synchronisation granularity, not MARS's B
     wrote: bool = False  # the last forward was a write
 
@@ -140,8 +140,8 @@ class BlockCache:
         requests, full = engine.running, not self.filling(engine.running)
         for r in requests:
             r.n_masks = 0 if full or not mars.masks_to_feed(engine.B, r.tau) else max(r.end - len(r.ids) - 1, 0)
-        tokens, conf, width = engine.forward()  # masks="auto" may drop masks
-        self.wrote = full or (engine.auto is not None and engine.auto.dropped)
+        tokens, conf, width = engine.forward()
+        self.wrote = full
         committed = [commit(r, new, engine.eot_id, past_eot=True) if len(r.ids) < r.end else []  # a full request waits
                      for r, (new, _) in zip(requests, engine.commits(tokens, conf))]
         if self.wrote:  # everything fed is cached but the last token, which opens the next windows
@@ -165,7 +165,10 @@ class Engine:
         self.model, self.eot_id, self.mask_id, self.B = model, eot_id, mask_id, B
         self.max_batch, self.max_new_tokens, self.max_accept, self.trace = max_batch, max_new_tokens, max_accept, trace
         self.sampling = dict(temperature=temperature, metric=metric, n_vocab=n_vocab)
-        self.block_cache = BlockCache(B_cache) if cache == "block" else None
+        # masks="auto" (beyond the paper) writes at every forward: attention is causal, so a committed token's K/V
+        # will not change before its span's end, and keeping it out of the cache only feeds it again. Its spans
+        # then last one forward: the block cache under auto is the sliding cache.
+        self.block_cache = BlockCache(B_cache) if cache == "block" and masks == "fixed" else None
         # prompt + answer: the model's context, or less (a 32k context would size a 32k cache per row)
         self.max_seq = min(model.config.max_seq_len, max_context or model.config.max_seq_len)
         slots = cache_len or 2 * self.max_seq + max(2 * B, B_cache + 1)  # a joining prompt pads every window
@@ -187,10 +190,7 @@ class Engine:
     def admit(self):
         """Waiting requests join, up to max_batch (the block cache: only at a write)."""
         if self.block_cache and self.block_cache.filling(self.running):
-            if not (self.auto and self.waiting and len(self.running) < self.max_batch):
-                return
-            for r in self.running:  # masks="auto": the next forward writes the spans and the new prompts
-                r.end = len(r.ids)
+            return
         n = min(len(self.waiting), self.max_batch - len(self.running))
         for _ in range(n):
             r = self.waiting.popleft()

@@ -82,7 +82,8 @@ def get_args(argv=None):
     p.add_argument("--B_cache", type=int, default=16,
                    help="the paper's B_cache (--cache block): positions filled between two cache writes (default 16)")
     p.add_argument("--masks", choices=engine.MASK_MODES, default="fixed", help="fixed (default, the paper's): "
-                   "B - 1 masks per forward; auto: as many as pay for what they cost here (cost.py), so outputs vary")
+                   "B - 1 masks per forward; auto: as many as pay for what they cost here (cost.py), so outputs vary; "
+                   "under --cache block auto writes at every forward, as the sliding cache does")
     p.add_argument("--batch_size", type=int, default=1, help="prompts decoded together (default 1)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (Gumbel-max)")
     p.add_argument("--max_new_tokens", type=int, default=64, help="stop after this many tokens (default 64)")

@@ -260,7 +260,8 @@ def get_args(argv=None):
                         "one row each (default 4 8 16 32)")
     p.add_argument("--masks", choices=MASK_MODES, default="fixed", help="masks of every MARS decoder: fixed "
                    "(default, the paper's B - 1 per forward) or auto (as many as pay for what they cost on this machine, "
-                   "cost.py; beyond the paper, and its outputs depend on the machine's timings)")
+                   "cost.py; beyond the paper, and its outputs depend on the machine's timings; the block-cache rows "
+                   "then slide)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
     args = p.parse_args(argv)
     args.thresholds = args.thresholds or ([0.95, 0.9] if args.data else [0.99, 0.98, 0.95, 0.9, 0.8, 0.7, 0.5])

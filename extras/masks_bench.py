@@ -209,8 +209,7 @@ def main(argv=None):
     def progress(line):
         print(f"[{time.perf_counter() - t0:5.0f}s] {line}", file=sys.stderr, flush=True)
 
-    widest = max(2 * B, args.B_cache + 1 if "block" in args.caches else 0)
-    step_cost = cost.measured(decode_step, model, tok.mask, max(args.batch_sizes), widest, B)  # auto's, profiled once, here
+    step_cost = cost.measured(decode_step, model, tok.mask, max(args.batch_sizes), B)  # auto's, profiled once, here
     progress(f"auto's cost model: batches {step_cost.batches}, widths {step_cost.widths}")
     speeds = speed(model, tok, B, examples, args, progress)
     accs = accuracy(model, tok, B, examples, args, progress)
