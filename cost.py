@@ -153,12 +153,13 @@ class AutoMasks:
         reached, accepted = request.acceptance or self.new_counts()
         return [(accepted[j] + PRIOR * self.prior[j]) / (reached[j] + PRIOR) for j in range(most)]
 
-    def size(self, requests, fed):
-        """Set each request's n_masks; fed: the tokens and drafts each window carries besides masks."""
+    def size(self, requests):
+        """Set each request's n_masks, at most what it was given (the fixed mode's)."""
         cap = self.max_accept - 1 if self.max_accept else self.most
         most = [max(min(r.n_masks, r.left - 1, cap), 0) for r in requests]  # masks whose predictions could commit
         chances = [self.rates(r, m) for r, m in zip(requests, most)]
-        for r, k in zip(requests, best_masks(chances, self.cost, None if self.sliding else fed)):
+        fed = None if self.sliding else [len(r.ids) + len(r.drafts) for r in requests]  # no cache: all of it
+        for r, k in zip(requests, best_masks(chances, self.cost, fed)):
             r.n_masks = k
 
     def observe(self, requests, extra):

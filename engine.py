@@ -218,7 +218,7 @@ class Engine:
         """decode_step over the running requests: (tokens, conf, window width). Counts it; traces it."""
         requests = self.running
         if self.auto:  # fewer masks where they would cost more than they commit
-            self.auto.size(requests, [len(window(r, self.kv, self.mask_id)) - r.n_masks for r in requests])
+            self.auto.size(requests)
         tokens, conf = decode_step(self.model, requests, self.kv, self.mask_id, **self.sampling)
         self.forwards += 1
         for r in requests:

@@ -111,15 +111,15 @@ def test_acceptance_is_learnt_per_request_from_an_engine_wide_prior():
     for batch in ([good], [bad], [new], [good, bad]):
         for r in batch:
             r.n_masks = 3
-        auto.size(batch, [1] * len(batch))
+        auto.size(batch)
         chosen.append([r.n_masks for r in batch])
     assert chosen[:2] == [[3], [0]] and chosen[2][0] > 0 and chosen[3] == [3, 3]  # beside good, bad's are free
     # never more than the fixed mode feeds, the request's budget or max_accept allows
     good.n_masks, good.left = 3, 2
-    auto.size([good], [1])
+    auto.size([good])
     assert good.n_masks == 1
     auto.max_accept, good.n_masks, good.left = 2, 3, 50
-    auto.size([good], [1])
+    auto.size([good])
     assert good.n_masks == 1
 
 
