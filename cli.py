@@ -61,11 +61,11 @@ def check_device(device):
 def load_checkpoint(path, device="cpu", dtype=None):
     """The checkpoint dict, or UserError with a one-line reason. `path` is one of our .pt files, a
     Hugging Face model directory (hf.read_checkpoint: weights in dtype, default float32), or a GGUF
-    file or an installed one's short name, e.g. smollm2 (extras/gguf_file.py: the same)."""
+    file or an installed one's short name, e.g. smollm2 (extras/checkpoints/gguf_file.py: the same)."""
     check_device(device)
     path = str(path)
     if path.endswith(".gguf") or not (os.path.exists(path) or path.endswith(".pt")):  # a GGUF file or short name
-        from extras import gguf_file  # GGUF files load only on this path
+        from extras.checkpoints import gguf_file  # GGUF files load only on this path
         try:
             file = gguf_file.named_file(path)
             if file:
@@ -73,7 +73,7 @@ def load_checkpoint(path, device="cpu", dtype=None):
         except (ValueError, OSError) as e:
             raise UserError(f"{path}: {e}") from None
     if os.path.isdir(path):
-        from extras import hf  # Hugging Face formats load only on this path
+        from extras.checkpoints import hf  # Hugging Face formats load only on this path
         try:
             return hf.read_checkpoint(path, device, dtype)
         except (ValueError, OSError, KeyError) as e:

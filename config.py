@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from cli import Parser, check_device
 
-# One source of truth for every number: flags override single entries. A real model's recipe: extras/hf_train.py.
+# One source of truth for every number: flags override single entries. A real model's recipe: extras/checkpoints/hf_train.py.
 # dtype: the autocast precision; a preset without one measures which is faster on the device (choose_dtype).
 TOY = dict(warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
 PRESETS = {
@@ -93,7 +93,7 @@ def resolve(p, args):
     if args.preset == "hf" and not args.from_hf:
         p.error("--preset hf fine-tunes a real model: give --init_from DIR (a Hugging Face model directory)")
     if args.preset == "hf":
-        from extras.hf_train import PRESET as preset  # the Hugging Face path only
+        from extras.checkpoints.hf_train import PRESET as preset  # the Hugging Face path only
     given = args.dtype
     for k, v in (preset if args.preset == "hf" else PRESETS[args.preset]).items():
         if getattr(args, k, None) is None:
@@ -123,7 +123,7 @@ def from_hf(path):
     if path is None or os.path.isdir(path) or path.endswith(".gguf"):
         return path is not None
     if not os.path.exists(path):  # a short name; any other missing path is reported when the stage loads it
-        from extras.gguf_file import SHORT_NAMES
+        from extras.checkpoints.gguf_file import SHORT_NAMES
         return path in SHORT_NAMES
     try:  # an unreadable file is reported when the stage loads it
         return "hf" in torch.load(path, map_location="cpu", mmap=True, weights_only=True)

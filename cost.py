@@ -11,7 +11,7 @@ t the StepCost below, p_j the request's running rate of acceptance of prediction
 (AutoMasks). Acceptance is still conf >= tau and lossless decoding stays exact: only the number of masks
 changes. Under the block cache, auto writes at every forward, so it slides (engine.Engine says why). Its
 outputs then depend on this machine's timings, which is why the fixed mode is the default.
-extras.serve's virtual clock uses the same cost model. The engine imports this module; profiling times
+extras.serving.serve's virtual clock uses the same cost model. The engine imports this module; profiling times
 the engine's forward, which its callers hand in (decode_step).
 """
 import bisect
@@ -82,7 +82,7 @@ _measured = weakref.WeakKeyDictionary()  # model -> {(device, dtype): StepCost}:
 def measured(decode_step, model, mask_id, max_batch, B):
     """A short profile for masks="auto" (a few seconds): batches up to max_batch, widths 1 to 2B (the widest
     sliding window is 2B - 1), three rounds. Kept per model, device and dtype for the process, and reused by
-    every engine it covers (extras.eval builds one per batch); profiled again, larger, when one needs more."""
+    every engine it covers (extras.bench.eval builds one per batch); profiled again, larger, when one needs more."""
     weight = model.wte.weight
     known = _measured.setdefault(model, {})
     old = known.get((weight.device, weight.dtype))

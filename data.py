@@ -322,7 +322,7 @@ def read_jsonl(path, need_response=False):
                                  '"response": ...}, {"messages": [...]} or {"prompt": ..., "answer": ...}') from None
             if need_response and "response" not in e:
                 raise ValueError(f"{path}:{lineno}: no response to train on (a file of {{prompt, answer}} is for "
-                                 "python -m extras.eval --data)")
+                                 "python -m extras.bench.eval --data)")
             examples.append(e)
     return examples
 

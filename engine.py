@@ -1,7 +1,7 @@
 """The one batched decoder: every decoding rule of the project, once.
 
 sample.generate is the paper's loop for one prompt, written to be read; this is the same loop for many
-requests at once, as sample.py's batches, extras.eval and extras.serve run it (a test checks that at batch 1
+requests at once, as sample.py's batches, extras.bench.eval and extras.serving.serve run it (a test checks that at batch 1
 both commit the same tokens in the same forwards). It adds: ragged rows (a KV-cache length per batch row,
 windows right-padded); requests joining before a forward and leaving after it, each with its own tau and
 budget; three caches: none (the reference), sliding (keep the committed prefix, drop the masks after each

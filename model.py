@@ -1,6 +1,6 @@
 """A GPT in one file: the decoder of Qwen2 and Llama (RMSNorm, SwiGLU MLP, rotary positions,
 grouped-query attention) and a static KV cache; one class for our presets and real checkpoints
-(extras/hf.py maps the Hugging Face names onto it). MARS needs two things a plain GPT hides, here
+(extras/checkpoints/hf.py maps the Hugging Face names onto it). MARS needs two things a plain GPT hides, here
 ordinary arguments: position ids (the noisy and clean streams share positions 0..T-1) and any boolean
 attention mask (the [noisy | clean] mask). Positions enter only through the rotary embedding, so
 attention sees relative distances, never absolute places.

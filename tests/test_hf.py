@@ -1,4 +1,4 @@
-"""Hugging Face directories (extras/hf.py, extras/hf_tokenizer.py, sample.py on them) against
+"""Hugging Face directories (extras/checkpoints/hf.py, extras/checkpoints/hf_tokenizer.py, sample.py on them) against
 transformers and tokenizers, offline: tiny random Qwen2 and Llama models and byte-level BPE
 tokenizers are built here, never downloaded. Every parameter is perturbed first (transformers
 initialises biases to 0 and norms to 1, which would hide a wrong mapping), and the padding rows
@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 
 import tokenizer
-from extras import hf, hf_tokenizer
+from extras.checkpoints import hf, hf_tokenizer
 import cli
 from cli import UserError
 import engine
@@ -334,7 +334,7 @@ def test_export_toy_checkpoint_round_trip(tmp_path, qkv_bias, tie):
     ckpt = toy_checkpoint(qkv_bias, tie)
     path = tmp_path / "toy.pt"
     torch.save(ckpt, path)
-    proc = run_cli(["extras/hf.py", "export", path, tmp_path / "out"])
+    proc = run_cli(["extras/checkpoints/hf.py", "export", path, tmp_path / "out"])
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "out" / "config.json").read_text())["mars_block_size"] == 8
     assert_exported_equal(ckpt, tmp_path / "out")
@@ -380,7 +380,7 @@ def test_command_line_refusals(dirs, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(dirs["llama"], bad)
     (bad / "model.safetensors").write_bytes(b"")
-    proc = run_cli(["extras/hf.py", "export", bad, tmp_path / "out"])
+    proc = run_cli(["extras/checkpoints/hf.py", "export", bad, tmp_path / "out"])
     assert_one_line_error(proc)
     assert f"error: {bad}: model.safetensors: not a readable safetensors file" in proc.stderr
     with pytest.raises(UserError, match="give --prompt or --chat"):  # no held-out prompts of its own
@@ -508,7 +508,7 @@ def test_serving_engine_on_a_mars_release(dirs, tmp_path):
     """serve.py's engine on a Hugging Face MARS directory: its answers are generate's (padding rows past the
     tokenizer banned in both), its KV cache is sized by --max_context, not the model's context, and the
     load experiment asks for --data, since such a model has no held-out prompts of ours."""
-    from extras import serve
+    from extras.serving import serve
     model, tok, B, ckpt = serve.load_mars(str(dirs["mars"]), "cpu")
     prompts = [tok.prompt_ids(p) for p in ("Hello café", "日本語のテキスト", "12345 and 😀")]
     for tau in (1.0, 0.5):

@@ -9,8 +9,8 @@ import torch
 import transformers
 
 import data
-from extras import eval as evaluate
-from extras import hf
+from extras.bench import eval as evaluate
+from extras.checkpoints import hf
 import cli
 import config
 import sample

@@ -70,17 +70,17 @@ def test_the_root_holds_the_method_only():
 
 def test_imports_point_down():
     graph = modules()
-    assert {"tokenizer", "extras.hf", "extras.hf_tokenizer"} <= graph.keys()
-    assert ("extras.hf_tokenizer", True) in graph["extras.hf"] and ("tokenizer", True) in graph["extras.hf_tokenizer"]
+    assert {"tokenizer", "extras.checkpoints.hf", "extras.checkpoints.hf_tokenizer"} <= graph.keys()
+    assert ("extras.checkpoints.hf_tokenizer", True) in graph["extras.checkpoints.hf"] and ("tokenizer", True) in graph["extras.checkpoints.hf_tokenizer"]
     assert problems(graph) == []
 
 
 def test_the_check_sees_upward_imports_and_cycles():
     graph = {"model": imports("import mars\n"), "mars": set(),
              "engine": imports("import model\ndef f():\n    from extras import serve\n"),
-             "tokenizer": imports("from extras.hf import export\n"),
-             "extras.hf": imports("from . import serve\nimport model\n", "extras"),
-             "extras.serve": imports("import engine\nfrom extras.hf import x\n", "extras")}
-    assert graph["engine"] == {("model", True), ("extras.serve", False)}
-    assert problems(graph) == ["model.py imports mars", "tokenizer.py imports extras.hf at module level",
-                               "an import cycle through extras.hf", "an import cycle through extras.serve"]
+             "tokenizer": imports("from extras.checkpoints.hf import export\n"),
+             "extras.checkpoints.hf": imports("from . import serve\nimport model\n", "extras"),
+             "extras.serving.serve": imports("import engine\nfrom extras.checkpoints.hf import x\n", "extras")}
+    assert graph["engine"] == {("model", True), ("extras.serving.serve", False)}
+    assert problems(graph) == ["model.py imports mars", "tokenizer.py imports extras.checkpoints.hf at module level",
+                               "an import cycle through extras.checkpoints.hf", "an import cycle through extras.serving.serve"]

@@ -217,10 +217,10 @@ def test_masks_bench_end_to_end(tiny_run, tmp_path):
     out = tmp_path / "masks.json"
     args = ["--ckpt", tiny_run / "mars.pt", "--out", out, "--batch_sizes", "1", "3", "--taus", "0.5",
             "--timing_prompts", "6", "--rounds", "2", "--accuracy_prompts", "9", "--B_cache", "4"]
-    proc = run_cli(["extras/masks_bench.py", *args], timeout=300)
+    proc = run_cli(["extras/bench/masks_bench.py", *args], timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
-    assert result["command"].startswith("python -m extras.masks_bench --ckpt ") and "round 2/2" in proc.stderr
+    assert result["command"].startswith("python -m extras.bench.masks_bench --ckpt ") and "round 2/2" in proc.stderr
     assert (result["timing_prompts"], result["rounds"], result["accuracy_prompts"]) == (6, 2, 9)
     assert "| batch | cache |" in proc.stdout and result["step_cost"]["batches"] == [1, 2, 3]
     rows = {(r["batch_size"], r["cache"], r["decoder"]): r for r in result["rows"]}
@@ -236,4 +236,4 @@ def test_masks_bench_end_to_end(tiny_run, tmp_path):
     assert {c["batch_size"] for c in result["goals"]["rows"]} == {1, 3}
     assert set(result["goals"]) == {"rows", "within_3_percent_of_best", "beats_ar_where_fixed_does_not",
                                     "accuracy_within_half_a_point"}
-    assert_one_line_error(run_cli(["extras/masks_bench.py", "--ckpt", tiny_run / "mars.pt", "--rounds", "0"]))
+    assert_one_line_error(run_cli(["extras/bench/masks_bench.py", "--ckpt", tiny_run / "mars.pt", "--rounds", "0"]))

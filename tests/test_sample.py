@@ -10,7 +10,7 @@ import engine
 import cli
 import sample
 from conftest import EOT, MASK, V, random_model, random_prompts, tiny_config
-from extras.eval import official_tpf
+from extras.bench.eval import official_tpf
 
 PROMPTS = random_prompts((3, 7, 12, 5, 1))
 N = 40  # max_new_tokens

@@ -1,4 +1,4 @@
-"""extras.serve on its ServingEngine: the engine decodes each request as it decodes it alone, tau = 1.0
+"""extras.serving.serve on its ServingEngine: the engine decodes each request as it decodes it alone, tau = 1.0
 rows carry no masks, cancelled requests leave, the adaptive policy's hysteresis, and the command end to end."""
 import json
 
@@ -7,7 +7,7 @@ import pytest
 import cli
 import cost
 from engine import generate_batch
-from extras import serve
+from extras.serving import serve
 from conftest import EOT, MASK, assert_one_line_error, random_model, random_prompts, run_cli
 
 
@@ -114,7 +114,7 @@ def test_make_trace_phases():
 
 
 def test_cli_end_to_end(tiny_run, tmp_path):
-    proc = run_cli(["extras/serve.py", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path, "--requests", "40",
+    proc = run_cli(["extras/serving/serve.py", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path, "--requests", "40",
                     "--sweep", "0.5", "1.5", "--sweep_requests", "12", "--max_batch", "4", "--max_new_tokens", "16"],
                    timeout=120, fresh=True)
     assert proc.returncode == 0, proc.stderr
@@ -142,7 +142,7 @@ def test_cli_end_to_end(tiny_run, tmp_path):
 def test_cli_masks_auto_sizes_windows_by_the_clocks_cost_model(tiny_run, tmp_path, monkeypatch):
     """--masks auto on the virtual clock: the engine reads the clock's own step-cost model (no second profile)."""
     monkeypatch.setattr(cost, "measured", lambda *a, **kw: pytest.fail("a second cost model was profiled"))
-    proc = run_cli(["extras/serve.py", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path, "--requests", "40",
+    proc = run_cli(["extras/serving/serve.py", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path, "--requests", "40",
                     "--sweep", "1.0", "--sweep_requests", "10", "--max_batch", "4", "--max_new_tokens", "16",
                     "--masks", "auto"])
     assert proc.returncode == 0, proc.stderr
@@ -160,11 +160,11 @@ def test_cli_masks_auto_sizes_windows_by_the_clocks_cost_model(tiny_run, tmp_pat
                                   ["--ladder", "1.0"], ["--clock", "sundial"], ["--requests", "many"], ["--sweep", "0"],
                                   ["--slo", "-1"], ["--ckpt", "missing.pt"], ["--masks", "some"]])
 def test_bad_flags_one_line_error(args):
-    assert_one_line_error(run_cli(["extras/serve.py", *args]))
+    assert_one_line_error(run_cli(["extras/serving/serve.py", *args]))
 
 
 def test_rejects_an_ar_checkpoint(tiny_run, tmp_path):
-    assert_one_line_error(run_cli(["extras/serve.py", "--ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path]))
+    assert_one_line_error(run_cli(["extras/serving/serve.py", "--ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path]))
 
 
 def test_cache_is_copied_only_when_rows_change():

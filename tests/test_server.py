@@ -1,4 +1,4 @@
-"""extras/server.py over real sockets on 127.0.0.1: the official openai client gets generate's answers
+"""extras/serving/server.py over real sockets on 127.0.0.1: the official openai client gets generate's answers
 (streamed or not, a tau per request, lossless, mixed in one batch); bad or hostile input gets a 4xx
 in OpenAI's shape; 64 clients at once are all served; idle and half-sent connections are closed after
 the timeout without blocking anyone; another site's page cannot drive the server; a client that hangs
@@ -22,7 +22,7 @@ import pytest
 
 import cli
 import sample
-from extras import serve, server
+from extras.serving import serve, server
 from conftest import ONE_THREAD, ROOT, assert_one_line_error, run_cli
 
 MAX_NEW = 24
@@ -425,7 +425,7 @@ def test_shutdown_ends_every_request_with_its_answer_or_an_error(loaded, slow, p
 def test_signal_stops_the_server_under_load(tiny_run, loaded, prompts, sig):
     """Finding 8, as a process: streams in flight at the signal each get their answer or an error event,
     stderr stays clean, and the process exits 0."""
-    proc = subprocess.Popen([sys.executable, "-m", "extras.serve", "--http", "--port", "0", "--max_batch", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "extras.serving.serve", "--http", "--port", "0", "--max_batch", "2",
                              "--max_new_tokens", str(MAX_NEW), "--ckpt", str(tiny_run / "mars.pt")],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **ONE_THREAD})
@@ -452,7 +452,7 @@ def test_limits_in_help_and_a_bad_port_in_one_line(loaded, capsys):
         serve.get_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert f"over {server.MAX_BODY >> 20} MiB gets 413" in text and f"up to {server.BACKLOG} connections" in text
-    assert_one_line_error(run_cli(["extras/serve.py", "--http", "--port", "99999"]))
+    assert_one_line_error(run_cli(["extras/serving/serve.py", "--http", "--port", "99999"]))
     taken = socket.create_server(("127.0.0.1", 0))
     with pytest.raises(serve.UserError, match="cannot listen on 127.0.0.1"):
         start(*loaded, "--port", str(taken.getsockname()[1]))  # --port comes last: it wins
@@ -497,7 +497,7 @@ def test_page_uses_only_this_server(httpd):
 
 
 def test_http_load_cli(tiny_run, tmp_path):
-    proc = run_cli(["extras/serve.py", "--http_load", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path,
+    proc = run_cli(["extras/serving/serve.py", "--http_load", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path,
                     "--requests", "40", "--max_batch", "4", "--max_new_tokens", "16"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "serve_http.json").read_text())

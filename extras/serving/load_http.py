@@ -1,5 +1,5 @@
-"""The load experiment over HTTP (python -m extras.serve --http_load): the three-phase trace of
-extras/serve.py sent to the server (extras/server.py) by one real HTTP client per request, on the wall clock."""
+"""The load experiment over HTTP (python -m extras.serving.serve --http_load): the three-phase trace of
+extras/serving/serve.py sent to the server (extras/serving/server.py) by one real HTTP client per request, on the wall clock."""
 import http.client
 import json
 import os
@@ -13,11 +13,11 @@ import numpy as np
 
 import data
 from cli import UserError
-from extras.eval import machine
-from extras.serve import (PHASES, Adaptive, Fixed, ServingEngine, WallClock, by_phase, calibrate, load_mars, make_trace,
+from extras.bench.eval import machine
+from extras.serving.serve import (PHASES, Adaptive, Fixed, ServingEngine, WallClock, by_phase, calibrate, load_mars, make_trace,
                           prompts_for_load)
-from extras.serve_report import goals, markdown
-from extras.server import Server
+from extras.serving.report import goals, markdown
+from extras.serving.server import Server
 
 
 def send(url, rec, max_tokens, t0):

@@ -1,7 +1,7 @@
 """A window sized by cost (--masks auto, cost.py) against fixed B - 1 masks and AR, measured side by side.
 
-    python -m extras.masks_bench                   # out/mars.pt -> docs/masks_cpu.json (progress and ETA on stderr)
-    python -m extras.masks_bench --ckpt smollm2 --out docs/masks_smollm2_cpu.json   # a real model, a few prompts
+    python -m extras.bench.masks_bench                   # out/mars.pt -> docs/masks_cpu.json (progress and ETA on stderr)
+    python -m extras.bench.masks_bench --ckpt smollm2 --out docs/masks_smollm2_cpu.json   # a real model, a few prompts
 
 Three decoders of one checkpoint: AR with the KV cache (the checkpoint at B = 1), MARS with B - 1 masks at
 every forward (the paper's) and MARS with --masks auto, at each batch size, cache (sliding; the paper's block
@@ -26,7 +26,7 @@ import cost
 import data
 from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli, threshold
 from engine import CACHE_MODES, decode_step, generate_batch
-from extras.eval import machine, score
+from extras.bench.eval import machine, score
 
 QUALITY_BATCH = 64  # AR's and fixed's accuracy passes: their outputs are the same at any batch size
 
@@ -213,7 +213,7 @@ def main(argv=None):
     progress(f"auto's cost model: batches {step_cost.batches}, widths {step_cost.widths}")
     speeds = speed(model, tok, B, examples, args, progress)
     accs = accuracy(model, tok, B, examples, args, progress)
-    result = {"command": "python -m extras.masks_bench " + shlex.join(sys.argv[1:] if argv is None else argv),
+    result = {"command": "python -m extras.bench.masks_bench " + shlex.join(sys.argv[1:] if argv is None else argv),
               "machine": machine(), "device": args.device, "ckpt": args.ckpt, "B": B, "note": note,
               "timing_prompts": min(args.timing_prompts, len(examples)), "rounds": args.rounds,
               "accuracy_prompts": min(args.accuracy_prompts, len(examples)), "max_new_tokens": args.max_new_tokens,

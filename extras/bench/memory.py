@@ -1,6 +1,6 @@
 """Peak memory of one MARS training step of a model shaped exactly like Qwen2.5-0.5B-Instruct.
 
-    python -m extras.memory          # minutes, ~9 GB of RAM -> docs/memory_qwen2.5-0.5b.json
+    python -m extras.bench.memory          # minutes, ~9 GB of RAM -> docs/memory_qwen2.5-0.5b.json
 
 Random weights built from the configuration alone (nothing is downloaded): hidden 896, 24
 layers, 14 query heads and 2 key/value heads of 64, SwiGLU width 4864, vocabulary 151,936 rows,
@@ -82,7 +82,7 @@ def main(argv=None):
     runs = []
     for dtype in ("float32", "bfloat16"):
         try:
-            proc = subprocess.run([sys.executable, "-m", "extras.memory", "--one", dtype], capture_output=True,
+            proc = subprocess.run([sys.executable, "-m", "extras.bench.memory", "--one", dtype], capture_output=True,
                                   text=True, check=True, timeout=LIMIT_S)
             runs.append(json.loads(proc.stdout.splitlines()[-1]))
         except subprocess.TimeoutExpired:  # a CPU without bf16 matrix instructions emulates them, slowly
