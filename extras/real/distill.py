@@ -1,6 +1,7 @@
 """Self-distillation: a model's own greedy answers to a prompt set, as MARS training data.
 
-    python -m extras.real.distill --ckpt smollm2 --out out/smollm/distilled.jsonl --heldout out/smollm/heldout.jsonl
+    python -m extras.real.distill --ckpt smollm2 --out out/smollm/distilled.jsonl --val out/smollm/val.jsonl \
+        --heldout out/smollm/heldout.jsonl --stats docs/distill_smollm2_cpu.json
 
 MARS teaches a model to write several of its own next tokens per forward. Trained on someone else's
 answers, it would also drift towards their text; trained on its own greedy answers it keeps its own
@@ -9,23 +10,26 @@ predict is a token the base model would have written there. So the data is the b
 decoded greedily (B = 1, tau = 1: plain AR) with the KV cache, many prompts at a time, through the model's
 own chat template (Tokenizer.prompt_ids).
 
-The prompts are built here, offline, from a seed; nothing is downloaded:
-  - the toy's ten task families (data.py's generators, with their openers): each prompt keeps its family
-    and exact answer, so held-out accuracy can be scored with the family's checker;
+The prompts are built here, offline, from a seed; nothing is downloaded. Three kinds:
+  - the toy's ten task families (data.py's generators, with their openers);
   - general instructions: the templates of GENERAL filled from word lists (data.py's and the ones below),
-    so that the training text is the model's ordinary English (explanations, tips, lists, short poems), not
-    only the toy's formats. They ask for short answers, which fit the token budget.
+    the model's ordinary English (explanations, tips, lists, short poems), asking for short answers;
+  - checkable instructions (extras/real/checks.py: "in one sentence", "exactly three tips", ...), each with
+    a checker in code.
 Each kind is drawn as distinct questions (an opener does not make a new question) from its own seeded
-generator; the first --n_heldout of them, in the same proportions, go to the held-out file and are never
-trained on (the training prompts are the next questions), whatever --n_train.
+generator. The held-out file is the first --n_heldout checkable instructions, never trained on; then come
+the validation prompts (with the model's answers, for choosing a recipe), then the training prompts.
 
-Answers cut off by --max_new_tokens (no end of turn) are dropped: they would teach the model to stop
-mid-sentence. The training file is written at the end, atomically; finished answers go to <out>.partial
-as they come, so an interrupted run resumes where it stopped (rerun the same command).
+Answers cut off by --max_new_tokens (no end of turn; mostly loops) are not in the training file; they go
+to a file of their own beside it, so a run can train on them too. The files are written at the end,
+atomically; answers go to <out>.partial as they come, so an interrupted run resumes where it stopped
+(rerun the same command).
 """
 import json
 import os
 import random
+import shlex
+import sys
 import time
 from collections import deque
 
@@ -34,6 +38,8 @@ import torch
 import data
 import engine
 from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli
+from extras.bench.eval import machine
+from extras.real import checks
 
 # General instructions: a template and the list each slot draws from (two slots draw distinct entries).
 TOPICS = """gravity, photosynthesis, a rainbow, the water cycle, electricity, a volcano, the moon, friendship,
@@ -53,18 +59,16 @@ ADJECTIVES = sorted(data.OPPOSITES)
 NOUNS = [w for w in data.WORDS if w not in {"useful", "vivid", "urban", "lucky", "quick", "jolly", "noble", "lunar"}]
 A_NOUN = [("an " if w[0] in "aeiou" else "a ") + w for w in NOUNS]
 A_PLACE = [("an " if w[0] in "aeiou" else "a ") + w for w in PLACES]
-GENERAL = [
-    ("Explain {} in one sentence.", TOPICS), ("What do you know about {}? Answer briefly.", TOPICS),
-    ("Why is {} useful? Answer in two sentences.", TOPICS), ("Write a haiku about {}.", TOPICS),
+GENERAL = [  # the checkable instructions (extras/real/checks.py) are a kind of their own, not here
+    ("What do you know about {}? Answer briefly.", TOPICS), ("Why is {} useful? Answer in two sentences.", TOPICS),
     ("Give one tip for {}.", ACTIVITIES), ("Give three short tips for {}.", ACTIVITIES),
-    ("What is the first step in {}?", ACTIVITIES), ("Write a sentence that uses the word {}.", data.WORDS),
-    ("Describe {} in one sentence.", A_NOUN), ("Write a two-line poem about {}.", A_NOUN),
-    ("What is the plural of {}?", NOUNS), ("Give a word that rhymes with {}.", data.WORDS),
+    ("What is the first step in {}?", ACTIVITIES), ("Describe {} in one sentence.", A_NOUN),
+    ("Write a two-line poem about {}.", A_NOUN), ("Give a word that rhymes with {}.", data.WORDS),
     ("Write a short title for a story about {}.", A_NOUN),
     ("What is the difference between {} and {}? Answer in one sentence.", A_NOUN),
     ("Name three things you can find in {}.", A_PLACE), ("Describe {} in two sentences.", A_PLACE),
-    ("Tell me one fact about {}.", sorted(data.CAPITALS)), ("What language is spoken in {}?", sorted(data.CAPITALS)),
-    ("Give a synonym for {}.", ADJECTIVES), ("Use the word {} in a sentence.", ADJECTIVES),
+    ("Tell me one fact about {}.", sorted(data.CAPITALS)), ("Give a synonym for {}.", ADJECTIVES),
+    ("Use the word {} in a sentence.", ADJECTIVES),
 ]
 
 
@@ -97,22 +101,30 @@ def distinct_questions(draw, n, rng):
     return list(found.values())
 
 
-def prompt_sets(n_train, n_heldout, toy_share, seed):
-    """(training prompts, held-out prompts): lists of {"task", "prompt"[, "answer"]}. Each kind (the toy's
-    families, general instructions) draws distinct questions from its own seeded generator: the first ones are
-    held out, in the same toy/general proportions, the next ones are for training, so a held-out question never
-    has a training prompt and the held-out set does not depend on n_train."""
-    train, heldout = [], []
-    for kind, draw, share in (("toy", toy_question, toy_share), ("general", general_question, 1 - toy_share)):
-        n_out, n_in = round(n_heldout * share), round(n_train * share)
-        questions = distinct_questions(draw, n_out + n_in, random.Random(f"{seed}-{kind}")) if n_out + n_in else []
-        for q in questions:
-            del q["question"]
-        heldout += questions[:n_out]
-        train += questions[n_out:]
-    for prompts, name in ((heldout, "heldout"), (train, "train")):
-        random.Random(f"{seed}-{name}").shuffle(prompts)  # the families interleaved
-    return train, heldout
+KINDS = {"toy": toy_question, "general": general_question, "check": checks.check_question}
+
+
+def prompt_sets(n_train, n_val, n_heldout, shares, seed):
+    """{"heldout", "val", "train"}: lists of {"task", "prompt", ...}. The held-out set is the first n_heldout
+    checkable instructions (extras/real/checks.py), scored by their checkers and never trained on; validation
+    (for choosing a recipe) and training take each kind in `shares` ({kind: share}). Each kind draws distinct
+    questions from its own seeded generator, held-out first, then validation, then training, so no two sets
+    share a question and the held-out set does not depend on the other sizes."""
+    sets = {"heldout": [], "val": [], "train": []}
+    for kind, share in shares.items():
+        sizes = {"heldout": n_heldout if kind == "check" else 0, "val": round(n_val * share),
+                 "train": round(n_train * share)}
+        total = sum(sizes.values())
+        questions = distinct_questions(KINDS[kind], total, random.Random(f"{seed}-{kind}")) if total else []
+        start = 0
+        for name, n in sizes.items():
+            for q in questions[start:start + n]:
+                del q["question"]
+                sets[name].append(q)
+            start += n
+    for name, prompts in sets.items():
+        random.Random(f"{seed}-{name}").shuffle(prompts)  # the kinds interleaved
+    return sets
 
 
 def decode_all(model, tok, requests, batch, max_new_tokens, B=1):
@@ -192,7 +204,7 @@ def distill(model, tok, prompts, path, batch, max_new_tokens):
             response = tok.decode(answer)
             ids, n = tok.example_ids(p["prompt"], response)
             done[r.index] = rec = {"prompt": p["prompt"], "response": response, "task": p["task"],
-                                   "cut_off": r.tokens[-1:] != [tok.eot], "ids_kept": ids[n:-1] == answer}
+                                   "split": p.get("split"), "cut_off": r.tokens[-1:] != [tok.eot], "ids_kept": ids[n:-1] == answer}
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
             f.flush()
             progress.report(len(done), sum(not d["cut_off"] for d in done.values()), len(r.tokens))
@@ -200,47 +212,95 @@ def distill(model, tok, prompts, path, batch, max_new_tokens):
     return [done[i] for i in range(len(prompts))]
 
 
+def row_stats(records, tok):
+    """Lengths, in tokens, of the answers and of the training rows (the template's prompt, the answer, its end)."""
+    answers = [len(tok.example_ids(r["prompt"], r["response"])[0]) for r in records]
+    prompts = [tok.example_ids(r["prompt"], r["response"])[1] for r in records]
+    return {"n": len(records), "mean_row_tokens": round(sum(answers) / max(len(answers), 1), 1),
+            "max_row_tokens": max(answers, default=0),
+            "mean_answer_tokens": round(sum(a - p for a, p in zip(answers, prompts)) / max(len(answers), 1), 1)}
+
+
+def kind(record):
+    """The kind of prompt a record answers: toy (one of the toy's families), general or check."""
+    return record["task"] if record["task"] in ("general", "check") else "toy"
+
+
+def statistics(command, sets, records, tok, args, seconds):
+    """What the distillation made, for docs/: prompts per kind, answers kept and cut off, lengths, time."""
+    kept = [r for r in records if not r["cut_off"]]
+    return {"command": command, "machine": machine(), "ckpt": args.ckpt, "max_new_tokens": args.max_new_tokens,
+            "prompts": {name: {k: sum(kind(p) == k for p in v) for k in KINDS} for name, v in sets.items()},
+            "train": {"answered": sum(r["split"] == "train" for r in records),
+                      "kept": sum(r["split"] == "train" for r in kept),
+                      "cut_off": sum(r["split"] == "train" and r["cut_off"] for r in records),
+                      "cut_off_by_kind": {k: sum(r["split"] == "train" and r["cut_off"] and kind(r) == k
+                                                 for r in records) for k in KINDS},
+                      "retokenize_to_the_same_ids": sum(r["ids_kept"] for r in kept if r["split"] == "train"),
+                      **row_stats([r for r in kept if r["split"] == "train"], tok)},
+            "val": {"answered": sum(r["split"] == "val" for r in records),
+                    "cut_off": sum(r["split"] == "val" and r["cut_off"] for r in records)},
+            "seconds": round(seconds, 1)}
+
+
 def get_args(argv=None):
     p = Parser(__doc__)
     p.add_argument("--ckpt", default="smollm2", help="the model whose answers are distilled: a GGUF file or short "
                    "name, a Hugging Face directory or one of our checkpoints (default smollm2)")
-    p.add_argument("--out", required=True, help="the training JSONL to write: one {prompt, response} per line")
-    p.add_argument("--heldout", required=True, help="the held-out JSONL to write: {task, prompt[, answer]} per "
-                   "line, never trained on (python -m extras.real.eval --heldout)")
-    p.add_argument("--n_train", type=int, default=2400, help="training prompts to answer (default 2400), before "
-                   "cut-off answers are dropped")
-    p.add_argument("--n_heldout", type=int, default=300, help="held-out prompts (default 300)")
-    p.add_argument("--toy_share", type=float, default=0.5, help="share of prompts from the toy's task families, "
-                   "the rest general instructions (default 0.5)")
-    p.add_argument("--max_new_tokens", type=int, default=128, help="the answer's budget; answers it cuts off are "
-                   "dropped (default 128)")
+    p.add_argument("--out", required=True, help="the training JSONL to write: one {prompt, response} per finished "
+                   "answer; the answers cut off at the budget go beside it, to <out stem>_cut_off.jsonl")
+    p.add_argument("--heldout", required=True, help="the held-out JSONL to write: checkable instructions, {task, "
+                   "prompt, kind, rule} per line, never trained on (python -m extras.real.eval --heldout)")
+    p.add_argument("--val", required=True, help="the validation JSONL to write: {task, prompt, response, cut_off} "
+                   "with the model's own answer, for choosing a recipe (never the held-out prompts)")
+    p.add_argument("--stats", help="a JSON to write the distillation's statistics and command to (e.g. "
+                   "docs/distill_smollm2_cpu.json)")
+    p.add_argument("--n_train", type=int, default=1200, help="training prompts to answer (default 1200)")
+    p.add_argument("--n_val", type=int, default=48, help="validation prompts (default 48)")
+    p.add_argument("--n_heldout", type=int, default=320, help="held-out checkable instructions (default 320)")
+    p.add_argument("--shares", type=float, nargs=3, default=[0.4, 0.4, 0.2], metavar=("TOY", "GENERAL", "CHECK"),
+                   help="shares of training and validation prompts from the toy's task families, general "
+                   "instructions and checkable instructions (default 0.4 0.4 0.2)")
+    p.add_argument("--max_new_tokens", type=int, default=128, help="the answer's budget (default 128)")
     p.add_argument("--batch", type=int, default=32, help="prompts decoded together (default 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the held-out split (default 0)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu, cuda, ... (default cuda where present, else cpu)")
     args = p.parse_args(argv)
-    if min(args.n_train, args.max_new_tokens, args.batch) < 1 or args.n_heldout < 0:
-        p.error("--n_train, --max_new_tokens and --batch must be at least 1, --n_heldout at least 0")
-    if not 0 <= args.toy_share <= 1:
-        p.error("--toy_share must be in [0, 1]")
-    if os.path.abspath(args.out) == os.path.abspath(args.heldout):
-        p.error("--out and --heldout must be different files")
+    if min(args.n_train, args.max_new_tokens, args.batch) < 1 or min(args.n_heldout, args.n_val) < 0:
+        p.error("--n_train, --max_new_tokens and --batch must be at least 1, --n_heldout and --n_val at least 0")
+    if min(args.shares) < 0 or abs(sum(args.shares) - 1) > 1e-6:
+        p.error("--shares must be three non-negative shares that add up to 1")
+    if len({os.path.abspath(f) for f in (args.out, args.heldout, args.val)}) < 3:
+        p.error("--out, --heldout and --val must be different files")
     return args
 
 
 @torch.inference_mode()
 def main(argv=None):
-    args = get_args(argv)
-    train, heldout = prompt_sets(args.n_train, args.n_heldout, args.toy_share, args.seed)
-    write_jsonl(args.heldout, heldout)
-    print(f"{args.heldout}: {len(heldout)} held-out prompts ({sum(p['task'] != 'general' for p in heldout)} from "
-          f"the toy's families)")
+    args, t0 = get_args(argv), time.time()
+    command = shlex.join(["python", "-m", "extras.real.distill", *(sys.argv[1:] if argv is None else argv)])
+    sets = prompt_sets(args.n_train, args.n_val, args.n_heldout, dict(zip(KINDS, args.shares)), args.seed)
+    write_jsonl(args.heldout, sets["heldout"])
+    print(f"{args.heldout}: {len(sets['heldout'])} held-out checkable instructions")
     model, tok = model_from_checkpoint(load_checkpoint(args.ckpt, args.device), args.device)
-    records = distill(model.eval(), tok, train, args.out + ".partial", args.batch, args.max_new_tokens)
-    kept = [r for r in records if not r["cut_off"]]
-    write_jsonl(args.out, [{"prompt": r["prompt"], "response": r["response"]} for r in kept])
+    prompts = [{**p, "split": name} for name in ("val", "train") for p in sets[name]]
+    records = distill(model.eval(), tok, prompts, args.out + ".partial", args.batch, args.max_new_tokens)
+    write_jsonl(args.val, [{k: r[k] for k in ("task", "prompt", "response", "cut_off")}
+                           for r in records if r["split"] == "val"])
+    train = [r for r in records if r["split"] == "train"]
+    stem = os.path.splitext(args.out)[0]
+    for path, rows in ((args.out, [r for r in train if not r["cut_off"]]),
+                       (stem + "_cut_off.jsonl", [r for r in train if r["cut_off"]])):
+        write_jsonl(path, [{"prompt": r["prompt"], "response": r["response"]} for r in rows])
+        print(f"{path}: {len(rows)} answers")
     os.remove(args.out + ".partial")
-    print(f"{args.out}: {len(kept)} answers; {len(records) - len(kept)} cut off at {args.max_new_tokens} tokens "
-          f"dropped; {sum(r['ids_kept'] for r in kept)} of the kept re-tokenize to the ids the model wrote")
+    if args.stats:
+        stats = statistics(command, sets, records, tok, args, time.time() - t0)
+        os.makedirs(os.path.dirname(os.path.abspath(args.stats)), exist_ok=True)
+        with open(args.stats, "w") as f:
+            json.dump(stats, f, indent=1)
+        print(f"{args.stats}: {json.dumps(stats['train'])}")
 
 
 if __name__ == "__main__":
