@@ -1,23 +1,24 @@
-"""MARS on a real model, measured on held-out prompts: a MARS checkpoint trained from it (by
-python -m extras.real.distill, then train.py --stage mars) against the base model it started from.
+"""MARS on a real model, measured on held-out prompts as the paper measures: the MARS checkpoint (by
+python -m extras.real.distill, then train.py --stage mars) against the base model it started from and
+against an AR control trained on the same data with the same schedule (train.py --stage control).
 
-    python -m extras.real.eval --base smollm2 --ckpt out/smollm/mars.pt --heldout out/smollm/heldout.jsonl \\
-        --trend out/smollm/mars_step*.pt --out docs/real_smollm2_cpu.json
+    python -m extras.real.eval --base smollm2 --control out/smollm/control/mars.pt --ckpt out/smollm/mars.pt \
+        --heldout out/smollm/heldout.jsonl --out docs/real_smollm2_cpu.json
 
 Writes --out (JSON, with the command that regenerates it) and a PNG beside it:
-1. The sweep, on --n held-out prompts, at each tau of --thresholds and lossless: tokens per forward (output
-   tokens over the forwards each prompt's row took part in, so independent of the batch); the share of
-   answers identical, token for token, to the base model's greedy answer, and to the MARS model's own AR
-   answer (tau = 1.0); agreement: the share of the base answers' tokens written before the first difference;
-   for prompts of the toy's task families, the family's exact checker (data.check) and, looser, whether the
-   expected answer appears in the answer as whole words (the base model does not write the toy's formats),
-   base against MARS. Every run of a model decodes its prompts together (continuous batching, --batch rows;
-   each request commits what it would alone). Also the MARS model's teacher-forced AR agreement: the share of
-   the base answers' tokens that its AR argmax predicts when fed the base answer's prefix.
+1. Quality and fidelity, on the held-out prompts: the base model (AR), the control (AR) and MARS at each tau of
+   --thresholds and lossless. Quality: the share of checkable instructions passed (extras/real/checks.py's
+   checkers), with its Wilson 95% interval, overall and per kind. Fidelity: answers identical, token for
+   token, to the base model's greedy answer, and to the MARS model's own AR answer (tau = 1.0); agreement:
+   the base answers' tokens written before the first difference; teacher-forced agreement: the share of the
+   base answers' tokens that a model's AR argmax predicts when fed the base answer's prefix. Speed: tokens per
+   forward (output tokens over the forwards each prompt's row took part in, so independent of the batch).
+   Every run of a model decodes its prompts together (continuous batching, --batch rows; each request
+   commits what it would alone).
 2. Wall clock against AR with the KV cache (the base model at B = 1), at batch 1 on the first --wall_n1
    prompts and at batch 8 on the first --wall_n8: batch by batch, AR then each MARS decoder of
    --wall_thresholds, so a slow spell of the machine hits all; one timed pass after a warm-up forward.
-3. The trend: tokens per forward, identical answers and AR agreement at --trend_tau on the first --trend_n
+3. With --trend: tokens per forward, identical answers and AR agreement at --trend_tau on the first --trend_n
    prompts, for the base model (step 0: its <|mask|> was never trained) and each --trend checkpoint, by
    training step (train.py overwrites mars.pt; python -m extras.real.snapshots keeps each one it writes).
 The JSON's "fields" defines each figure.
@@ -34,6 +35,8 @@ import torch
 import data
 import engine
 from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli, threshold
+from extras.bench.stats import wilson
+from extras.real import checks
 from extras.real.distill import decode_all
 from extras.bench.eval import machine
 
@@ -48,6 +51,8 @@ FIELDS = {
     "ar_agreement": "teacher-forced: share of the base answers' tokens that the MARS model's AR argmax predicts "
                     "when fed the base answer's prefix",
     "cut_off": "answers that reached the budget (max_new_tokens) without an end of turn",
+    "quality": "checkable instructions passed (extras/real/checks.py), share and Wilson 95% interval, overall "
+               "and per kind",
     "toy": "prompts of the toy's task families: exact = the family's checker (data.check), found = the expected "
            "answer appears in the answer as whole words",
     "speedup": "the decoder's tokens/s over AR's (the base model, KV cache), same prompts, batch by batch in turn, "
@@ -116,6 +121,16 @@ def found(answer, text):
     return re.search(rf"(?<!\w){re.escape(answer.lower())}(?!\w)", text.lower()) is not None
 
 
+def quality(checked):
+    """The pass rate of the checkable instructions (extras/real/checks.py), with its Wilson 95% interval, overall
+    and per kind."""
+    def rate(pairs):
+        k = sum(checks.passes(e, text) for e, text in pairs)
+        return {"n": len(pairs), "pass": round(k / len(pairs), 4), "ci": [round(x, 4) for x in wilson(k, len(pairs))]}
+    kinds = sorted({e["kind"] for e, _ in checked})
+    return {**rate(checked), "per_kind": {k: rate([(e, t) for e, t in checked if e["kind"] == k]) for k in kinds}}
+
+
 def scores(examples, base, runs, tok):
     """One row of the sweep: tokens per forward, agreement with the base answers, accuracy on the toy's families."""
     tokens, forwards = sum(len(r.tokens) for r in runs), sum(r.steps for r in runs)
@@ -124,6 +139,10 @@ def scores(examples, base, runs, tok):
            "agreement": round(sum(common_prefix(r.tokens, b.tokens) for r, b in zip(runs, base))
                               / max(sum(len(b.tokens) for b in base), 1), 4),
            "cut_off": sum(r.tokens[-1:] != [tok.eot] for r in runs)}
+    texts = [tok.decode([t for t in r.tokens if t != tok.eot]) for r in runs]
+    checked = [(e, text) for e, text in zip(examples, texts) if "kind" in e]
+    if checked:
+        row["quality"] = quality(checked)
     toy = [(e, tok.decode([t for t in r.tokens if t != tok.eot])) for e, r in zip(examples, runs) if "answer" in e]
     if toy:
         row["toy"] = {"n": len(toy), "exact": round(sum(data.check(e, text) for e, text in toy) / len(toy), 4),
@@ -169,32 +188,28 @@ def trend(base, tok, examples, prompts, base_runs, paths, args, B):
 
 
 def plot(path, result):
-    """Left: the trend by training step; right: the sweep, tokens per forward against identical answers."""
+    """Left: checks passed against tokens per forward (base and control: AR, one token per forward); right:
+    answers identical to the base model's and to MARS's own AR answer."""
     from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
-    fig = Figure(figsize=(12, 4.5), layout="constrained")  # constrained: room for the twin axis' label
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
     left, right = fig.subplots(1, 2)
-    steps = [p["step"] for p in result["trend"]]
-    left.plot(steps, [p["tokens_per_forward"] for p in result["trend"]], "o-", label="tokens per forward")
-    left.set(xlabel="training step", ylabel="tokens per forward",
-             title=f"tau = {result['trend_tau']}, {result['trend_n']} held-out prompts")
-    twin = left.twinx()
-    twin.plot(steps, [100 * p["identical"] for p in result["trend"]], "s--", color="gray",
-              label="answers identical to the base model's (%)")
-    twin.plot(steps, [100 * p["ar_agreement"] for p in result["trend"]], "^:", color="gray",
-              label="AR agreement with the base model, teacher-forced (%)")
-    twin.set(ylabel="%", ylim=(0, 105))
-    left.legend(handles=left.lines + twin.lines, fontsize=7)
-    rows = [r for r in result["sweep"] if r["decoder"] != "lossless"]
+    for r in [result["base"]] + result["control"] + result["sweep"]:
+        q = r.get("quality")
+        if q:
+            left.errorbar(r["tokens_per_forward"], 100 * q["pass"], fmt="o", capsize=3,
+                          yerr=[[100 * (q["pass"] - q["ci"][0])], [100 * (q["ci"][1] - q["pass"])]])
+            left.annotate(r["decoder"], (r["tokens_per_forward"], 100 * q["pass"]), textcoords="offset points",
+                          xytext=(5, 3), fontsize=7)
+    left.set(xlabel="tokens per forward", ylabel="checkable instructions passed (%)",
+             title=f"{result['n']} held-out checkable instructions, 95% Wilson intervals")
+    rows = [r for r in result["sweep"] if not r["decoder"].endswith("lossless")]
     for key, marker, text in (("identical", "o-", "identical to the base model's answer"),
                               ("identical_to_mars_ar", "x--", "identical to the MARS model's own AR answer")):
         right.plot([r["tokens_per_forward"] for r in rows], [100 * r[key] for r in rows], marker, label=text)
     for r in rows:
         right.annotate(r["decoder"], (r["tokens_per_forward"], 100 * r["identical"]), textcoords="offset points",
                        xytext=(4, 4), fontsize=7)
-    lossless = next(r for r in result["sweep"] if r["decoder"] == "lossless")
-    right.set(xlabel="tokens per forward", ylabel="answers (%)", ylim=(0, 105),
-              title=f"{result['n']} held-out prompts, B = {result['B']}; lossless: "
-                    f"{lossless['tokens_per_forward']:.2f} tokens/forward")
+    right.set(xlabel="tokens per forward", ylabel="answers (%)", ylim=(0, 105), title=f"B = {result['B']}")
     right.legend(fontsize=7)
     fig.savefig(path, dpi=100)
 
@@ -204,12 +219,13 @@ def get_args(argv=None):
     p.add_argument("--base", default="smollm2", help="the base model: a GGUF file or short name, a Hugging Face "
                                                      "directory or one of our checkpoints (default smollm2)")
     p.add_argument("--ckpt", required=True, help="the MARS checkpoint trained from it (train.py --stage mars)")
+    p.add_argument("--control", help="the AR control trained from it on the same data and schedule (train.py "
+                                     "--stage control), scored beside the base and MARS")
     p.add_argument("--heldout", required=True, help="held-out prompts, {task, prompt[, answer]} per line "
                                                     "(python -m extras.real.distill --heldout)")
     p.add_argument("--out", default="docs/real_smollm2_cpu.json", help="the JSON to write; the plot goes beside "
                                                                       "it as .png (default docs/real_smollm2_cpu.json)")
-    p.add_argument("--n", type=int, default=200, help="held-out prompts of the sweep, the first ones (default 200; "
-                                                      "0: all)")
+    p.add_argument("--n", type=int, default=0, help="held-out prompts of the sweep, the first ones (default 0: all)")
     p.add_argument("--thresholds", type=threshold, nargs="+", default=[1.0, 0.95, 0.9, 0.8, 0.7],
                    help="tau of the sweep (default 1.0 0.95 0.9 0.8 0.7); lossless is always added")
     p.add_argument("--batch", type=int, default=32, help="rows decoded together in the sweep and the trend "
@@ -231,14 +247,13 @@ def get_args(argv=None):
 
 def report(result):
     print(f"\n{result['n']} held-out prompts, B = {result['B']}, MARS after {result['train']['steps']} steps\n\n"
-          "| decoder | tokens/forward | identical to base | agreement | identical to MARS AR | toy exact | "
-          "toy found |\n" + "|---" * 7 + "|")
-    for r in [result["base"]] + result["sweep"]:
-        toy, own = r.get("toy", {}), r.get("identical_to_mars_ar")
-        print(f"| {r['decoder']} | {r['tokens_per_forward']:.2f} | {100 * r['identical']:.1f}% | "
-              f"{100 * r['agreement']:.1f}% | {'-' if own is None else f'{100 * own:.1f}%'} | "
-              f"{100 * toy.get('exact', 0):.1f}% | {100 * toy.get('found', 0):.1f}% |")
-    print(f"teacher-forced AR agreement with the base answers: {100 * result['ar_agreement']:.1f}%")
+          "| model, decoder | checks passed (95% CI) | tokens/forward | identical to base | teacher-forced "
+          "agreement | identical to MARS AR |\n" + "|---" * 6 + "|")
+    for r in [result["base"]] + result.get("control", []) + result["sweep"]:
+        q, own, tf = r.get("quality"), r.get("identical_to_mars_ar"), r.get("ar_agreement")
+        shown = f"{100 * q['pass']:.1f}% [{100 * q['ci'][0]:.1f}, {100 * q['ci'][1]:.1f}]" if q else "-"
+        print(f"| {r['decoder']} | {shown} | {r['tokens_per_forward']:.2f} | {100 * r['identical']:.1f}% | "
+              f"{'-' if tf is None else f'{100 * tf:.1f}%'} | {'-' if own is None else f'{100 * own:.1f}%'} |")
     for w in result["wall"]:
         print(f"wall clock, batch {w['batch_size']}, {w['prompts']} prompts: {w['decoder']} "
               f"{w['tokens_per_second']:.1f} tokens/s, {w['tokens_per_forward']:.2f} tokens/forward, "
@@ -265,6 +280,15 @@ class Clock:
         self.t = now
 
 
+def control_rows(path, tok, examples, prompts, base_runs, args):
+    """The AR control (train.py --stage control: the same data and schedule, the AR loss alone), scored as the
+    base is: what any fine-tune of this length costs, MARS aside."""
+    model = model_from_checkpoint(load_checkpoint(path))[0].eval()
+    runs = decode(model, tok, prompts, [AR], args)[name(AR)]
+    return [{"decoder": "control AR", **scores(examples, base_runs, runs, tok),
+             "ar_agreement": ar_agreement(model, tok, prompts, base_runs)}]
+
+
 @torch.inference_mode()
 def main(argv=None):
     args, clock = get_args(argv), Clock()
@@ -281,6 +305,8 @@ def main(argv=None):
     print(f"sweep: {len(prompts)} prompts, base AR, then MARS at {args.thresholds} and lossless", flush=True)
     base_runs = decode(base, tok, prompts, [AR], args)[name(AR)]
     clock.lap("base")
+    control = control_rows(args.control, tok, examples, prompts, base_runs, args) if args.control else []
+    clock.lap("control")
     runs = decode(mars_model, tok, prompts, [{"tau": t} for t in args.thresholds] + [LOSSLESS], args, B)
     agreement = ar_agreement(mars_model, tok, prompts, base_runs)
     clock.lap("sweep")
@@ -292,23 +318,30 @@ def main(argv=None):
                                [{"tau": t} for t in args.wall_thresholds] + [LOSSLESS], args, B)
             clock.lap(f"wall_batch{batch}")
     n = min(args.trend_n, len(prompts))
-    print(f"trend: the base model and {len(args.trend)} checkpoints, {n} prompts", flush=True)
-    points = trend(base, tok, examples[:n], prompts[:n], base_runs[:n], args.trend, args, B)
-    clock.lap("trend")
+    points = []
+    if args.trend:
+        print(f"trend: the base model and {len(args.trend)} checkpoints, {n} prompts", flush=True)
+        points = trend(base, tok, examples[:n], prompts[:n], base_runs[:n], args.trend, args, B)
+        clock.lap("trend")
     shown = runs.get(name({"tau": args.trend_tau}), [])[:3]
-    result = {"command": command, "machine": machine(), "base_model": args.base, "ckpt": args.ckpt, "B": B,
-              "n": len(prompts), "max_new_tokens": args.max_new_tokens, "batch": args.batch, "train": training(ckpt),
-              "fields": FIELDS, "base": {"decoder": "base AR", **scores(examples, base_runs, base_runs, tok)},
-              "sweep": [{"decoder": k, **scores(examples, base_runs, v, tok), "identical_to_mars_ar":
+    result = {"command": command, "machine": machine(), "base_model": args.base, "ckpt": args.ckpt,
+              "control_ckpt": args.control, "B": B, "n": len(prompts), "max_new_tokens": args.max_new_tokens,
+              "batch": args.batch, "train": training(ckpt),
+              "control_train": training(load_checkpoint(args.control)) if args.control else None, "fields": FIELDS,
+              "base": {"decoder": "base AR", **scores(examples, base_runs, base_runs, tok), "ar_agreement": 1.0},
+              "control": control,
+              "sweep": [{"decoder": f"MARS {k}", **scores(examples, base_runs, v, tok), "identical_to_mars_ar":
                          identical(v, runs.get("tau=1.0"))} for k, v in runs.items()],
               "ar_agreement": agreement,
               "wall": wall, "trend_tau": args.trend_tau, "trend_n": n, "trend": points,
               "examples": [{"prompt": examples[r.index]["prompt"], "tau": args.trend_tau,
                             "forwards": [tok.decode(c) for c in r.chunks]} for r in shown],
               "seconds": clock.phases}
+    result["sweep"][0]["ar_agreement"] = agreement  # teacher-forced: the MARS model's AR stream, any tau
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
+    with open(args.out + ".tmp", "w") as f:
         json.dump(result, f, indent=1)
+    os.replace(args.out + ".tmp", args.out)
     plot(os.path.splitext(args.out)[0] + ".png", result)
     report(result)
     print(f"\nwrote {args.out} and its .png in {sum(clock.phases.values()) / 60:.1f} min")

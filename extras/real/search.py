@@ -1,0 +1,133 @@
+"""The drift search: short MARS runs on a real model, one lever at a time, each measured on the validation
+prompts (never the held-out ones), to find what keeps the model itself.
+
+    python -m extras.real.search --data out/smollm/distilled.jsonl --val out/smollm/val.jsonl \\
+        --out docs/drift_smollm2_cpu.json
+
+Each row of LEVERS runs `train.py --stage mars --init_from <base>` for --steps steps on --data with the flags
+it lists, in a process of its own, then measures its MARS checkpoint against the base model's greedy answers
+to the validation prompts: the teacher-forced AR agreement (the share of the base answers' tokens its AR argmax
+predicts), the answers identical to the base's at tau = 1.0, and at tau = 0.9 the tokens per forward and the
+answers identical to its own AR answer; also train.py's validation losses. A row already in --out is kept
+(rerun the same command to resume); a checkpoint is deleted once measured (1.6 GB each for SmolLM2).
+"""
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import torch
+
+from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli
+from extras.bench.eval import machine
+from extras.real.eval import AR, ar_agreement, decode, identical, name, read_heldout
+
+# name -> train.py flags over the shared ones; "{loops}": the training data with the cut-off answers added
+LEVERS = {
+    "lr 5e-6 (the paper's)": ["--mars_lr", "5e-6"],
+    "lr 2e-5": ["--mars_lr", "2e-5"],
+    "lr 5e-5 (the last run's)": ["--mars_lr", "5e-5"],
+    "lr 2e-5, ar_weight 4": ["--mars_lr", "2e-5", "--ar_weight", "4"],
+    "lr 2e-5, looping answers kept": ["--mars_lr", "2e-5", "--data", "{loops}"],
+    "lr 2e-5, <|mask|> row = mean embedding": ["--mars_lr", "2e-5", "--mask_row", "mean"],
+}
+TAU = 0.9
+
+
+def with_cut_off(path):
+    """A training file of the finished answers and the cut-off ones (extras.real.distill writes them apart)."""
+    stem = os.path.splitext(path)[0]
+    out = stem + "_with_cut_off.jsonl"
+    with open(out, "w", encoding="utf-8") as f:
+        for part in (path, stem + "_cut_off.jsonl"):
+            with open(part, encoding="utf-8") as g:
+                f.write(g.read())
+    return out
+
+
+def train_command(lever, args, out_dir, loops):
+    flags = ["--stage", "mars", "--init_from", args.base, "--data", args.data, "--out_dir", out_dir,
+             "--batch_size", str(args.batch_size), "--micro_batch", str(args.batch_size), "--max_seq_len", "256",
+             "--mars_iters", str(args.steps), "--warmup", str(args.warmup), "--eval_every", str(args.steps),
+             "--save_every", str(args.steps), "--summary_limit", "0"]
+    extra = [loops if f == "{loops}" else f for f in LEVERS[lever]]
+    if "--data" in extra:  # the lever's data replaces the shared one
+        i = flags.index("--data")
+        del flags[i:i + 2]
+    return [sys.executable, "train.py", *flags, *extra]
+
+
+def measure(path, tok, prompts, base_runs, args):
+    """The validation figures of one MARS checkpoint."""
+    ckpt = load_checkpoint(path)
+    model = model_from_checkpoint(ckpt)[0].eval()
+    B = ckpt["mars"]["B"]
+    runs = decode(model, tok, prompts, [AR, {"tau": TAU}], args, B)
+    own, fast = runs[name(AR)], runs[name({"tau": TAU})]
+    last = ckpt["history"][-1]
+    return {"val_noisy_loss": round(last["val_noisy"], 4), "val_clean_loss": round(last["val_clean"], 4),
+            "ar_agreement": ar_agreement(model, tok, prompts, base_runs),
+            "identical_at_tau_1": identical(own, base_runs),
+            f"tokens_per_forward_at_tau_{TAU}": round(sum(len(r.tokens) for r in fast)
+                                                      / max(sum(r.steps for r in fast), 1), 4),
+            f"identical_to_own_ar_at_tau_{TAU}": identical(fast, own),
+            "train_seconds": last["elapsed_s"]}
+
+
+def get_args(argv=None):
+    p = Parser(__doc__)
+    p.add_argument("--base", default="smollm2", help="the model MARS starts from (default smollm2)")
+    p.add_argument("--data", required=True, help="the distilled training answers (python -m extras.real.distill)")
+    p.add_argument("--val", required=True, help="the validation prompts (python -m extras.real.distill --val)")
+    p.add_argument("--out", required=True, help="the JSON to write, row by row")
+    p.add_argument("--out_dir", default="out/smollm/search", help="where the runs train (default out/smollm/search)")
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps per run (default 40)")
+    p.add_argument("--batch_size", type=int, default=8, help="rows per step (default 8)")
+    p.add_argument("--warmup", type=float, default=0.25, help="warmup share of the steps (default 0.25)")
+    p.add_argument("--only", nargs="*", choices=LEVERS, help="run these levers only (default: all)")
+    p.add_argument("--batch", type=int, default=32, help="rows decoded together (default 32)")
+    p.add_argument("--max_new_tokens", type=int, default=128, help="the answers' budget (default 128)")
+    args = p.parse_args(argv)
+    if min(args.steps, args.batch_size, args.batch, args.max_new_tokens) < 1 or not 0 <= args.warmup < 1:
+        p.error("--steps, --batch_size, --batch and --max_new_tokens must be at least 1, --warmup in [0, 1)")
+    return args
+
+
+@torch.inference_mode()
+def main(argv=None):
+    args = get_args(argv)
+    command = shlex.join(["python", "-m", "extras.real.search", *(sys.argv[1:] if argv is None else argv)])
+    result = json.load(open(args.out)) if os.path.exists(args.out) else {"rows": []}
+    done = {r["lever"] for r in result["rows"]}
+    examples = read_heldout(args.val, 0)
+    base, tok = model_from_checkpoint(load_checkpoint(args.base))
+    prompts = [tok.prompt_ids(e["prompt"]) for e in examples]
+    print(f"the base model's answers to {len(prompts)} validation prompts", flush=True)
+    base_runs = decode(base.eval(), tok, prompts, [AR], args)[name(AR)]
+    loops = with_cut_off(args.data)
+    for lever in args.only or LEVERS:
+        if lever in done:
+            continue
+        out_dir = os.path.join(args.out_dir, "".join(c if c.isalnum() else "_" for c in lever))
+        cmd = train_command(lever, args, out_dir, loops)
+        print(f"\n== {lever}: {shlex.join(cmd[1:])}", flush=True)
+        t0 = time.time()
+        if subprocess.run(cmd).returncode:
+            raise UserError(f"the run of {lever!r} failed (its command is above)")
+        row = {"lever": lever, "train_command": shlex.join(["python", *cmd[1:]]), **measure(os.path.join(out_dir, "mars.pt"), tok, prompts,
+                                                                  base_runs, args),
+               "seconds": round(time.time() - t0, 1)}
+        os.remove(os.path.join(out_dir, "mars.pt"))
+        result = {"command": command, "machine": machine(), "base": args.base, "steps": args.steps,
+                  "batch_size": args.batch_size, "warmup": args.warmup, "val_prompts": len(prompts),
+                  "rows": result["rows"] + [row]}
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    run_cli(main)
