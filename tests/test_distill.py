@@ -13,9 +13,11 @@ import cli
 import data
 import engine
 from conftest import assert_one_line_error, run_cli
-from extras.real import distill, real_eval, snapshots
+from extras.real import checks, distill, snapshots
+from extras.real import eval as real_eval
 
-N_TRAIN, N_HELDOUT, BUDGET = 40, 8, 10
+N_TRAIN, N_VAL, N_HELDOUT, BUDGET = 40, 10, 8, 10
+SHARES = dict(zip(distill.KINDS, (0.4, 0.4, 0.2)))
 
 
 def question(prompt):
@@ -36,15 +38,33 @@ def run_distill(args):
     return out.getvalue()
 
 
-def test_held_out_questions_never_have_a_training_prompt():
-    train, heldout = distill.prompt_sets(400, 100, 0.5, seed=3)
-    assert (train, heldout) == distill.prompt_sets(400, 100, 0.5, seed=3)  # seeded
-    assert heldout == distill.prompt_sets(900, 100, 0.5, seed=3)[1]  # whatever the training set's size
-    assert len(heldout) == 100 and len(train) == 400 and len({p["prompt"] for p in train}) == 400
-    assert not {question(p["prompt"]) for p in heldout} & {question(p["prompt"]) for p in train}
-    toy = [p for p in heldout if p["task"] != "general"]
-    assert len(toy) == 50 and {p["task"] for p in toy} == set(data.TASKS) and all("answer" in p for p in toy)
-    assert len({question(p["prompt"]) for p in toy}) == 50  # distinct questions, whatever their openers
+def test_held_out_questions_are_checkable_and_never_have_a_training_or_validation_prompt():
+    sets = distill.prompt_sets(400, 40, 100, SHARES, seed=3)
+    assert sets == distill.prompt_sets(400, 40, 100, SHARES, seed=3)  # seeded
+    assert sets["heldout"] == distill.prompt_sets(900, 10, 100, SHARES, seed=3)["heldout"]  # whatever the other sizes
+    heldout, val, train = sets["heldout"], sets["val"], sets["train"]
+    assert len(heldout) == 100 and len(val) == 40 and len(train) == 400
+    assert all(p["task"] == "check" and p["kind"] in checks.PASSES for p in heldout)
+    assert {p["kind"] for p in heldout} == set(checks.PASSES)
+    questions = [{question(p["prompt"]) for p in s} for s in (heldout, val, train)]
+    assert not questions[0] & questions[1] and not questions[0] & questions[2] and not questions[1] & questions[2]
+    assert sum(p["task"] == "general" for p in train) == 160 and sum(p["task"] == "check" for p in train) == 80
+
+
+@pytest.mark.parametrize("kind, rule, good, bad", [
+    ("one_sentence", {}, "Gravity pulls masses together.", "Gravity pulls. It is strong."),
+    ("three_tips", {}, "Tips:\n1. Plan.\n2. Rest.\n3. Eat well.", "1. Plan.\n2. Rest."),
+    ("haiku", {}, "Waves fold on the sand\nsalt wind hums an old refrain\nthe tide keeps its time",
+     "A haiku:\nWaves fold on the sand\nsalt wind hums\nthe tide keeps time"),
+    ("use_word", {"word": "candle"}, "The candle burned low.", "The candles burned low."),
+    ("no_repeat", {}, "A small red kite.", "A small red kite, a big kite."),
+    ("under_20", {}, "The sun is a star.", " ".join(["word"] * 20)),
+    ("plural", {"word": "mice"}, "The plural of mouse is mice.", "The plural of mouse is mouses."),
+    ("language", {"word": "Portuguese"}, "In Brazil people speak Portuguese.", "In Brazil people speak Spanish."),
+])
+def test_each_checker_passes_what_follows_its_instruction_and_fails_what_does_not(kind, rule, good, bad):
+    example = {"kind": kind, "rule": rule}
+    assert checks.passes(example, good) and not checks.passes(example, bad)
 
 
 @pytest.fixture(scope="module")
@@ -53,19 +73,23 @@ def distilled(tiny_run, tmp_path_factory):
     arguments, what it printed)."""
     out = tmp_path_factory.mktemp("distill")
     args = ["--ckpt", str(tiny_run / "ar.pt"), "--out", str(out / "train.jsonl"), "--heldout",
-            str(out / "heldout.jsonl"), "--n_train", str(N_TRAIN), "--n_heldout", str(N_HELDOUT), "--max_new_tokens",
+            str(out / "heldout.jsonl"), "--val", str(out / "val.jsonl"), "--stats", str(out / "stats.json"),
+            "--n_train", str(N_TRAIN), "--n_val", str(N_VAL), "--n_heldout", str(N_HELDOUT), "--max_new_tokens",
             str(BUDGET), "--batch", "6"]
     return out, args, run_distill(args)
 
 
-def test_distill_writes_the_models_greedy_answers_without_cut_off_ones(tiny_run, distilled):
+def test_distill_writes_the_models_greedy_answers_and_the_cut_off_ones_apart(tiny_run, distilled):
     out, _, said = distilled
-    train, heldout = read(out / "train.jsonl"), read(out / "heldout.jsonl")
-    assert all(r.keys() == {"prompt", "response"} for r in train)
-    assert len(heldout) == N_HELDOUT and all(r.keys() <= {"task", "prompt", "answer"} for r in heldout)
-    assert not {question(r["prompt"]) for r in heldout} & {question(r["prompt"]) for r in train}
-    dropped = N_TRAIN - len(train)
-    assert 0 < dropped < N_TRAIN and f"{dropped} cut off at {BUDGET} tokens dropped" in said
+    train, cut, heldout = read(out / "train.jsonl"), read(out / "train_cut_off.jsonl"), read(out / "heldout.jsonl")
+    val, stats = read(out / "val.jsonl"), json.loads((out / "stats.json").read_text())
+    assert all(r.keys() == {"prompt", "response"} for r in train + cut)
+    assert len(heldout) == N_HELDOUT and all(r["task"] == "check" for r in heldout)
+    assert len(val) == N_VAL and all(r.keys() == {"task", "prompt", "response", "cut_off"} for r in val)
+    assert not {question(r["prompt"]) for r in heldout + val} & {question(r["prompt"]) for r in train + cut}
+    assert len(train) + len(cut) == N_TRAIN and 0 < len(cut) < N_TRAIN
+    assert stats["train"]["kept"] == len(train) and stats["train"]["cut_off"] == len(cut)
+    assert stats["command"].startswith("python -m extras.real.distill") and f"{len(cut)} answers" in said
     assert not (out / "train.jsonl.partial").exists()
     model, tok = cli.model_from_checkpoint(cli.load_checkpoint(tiny_run / "ar.pt"))
     prompts = [tok.prompt_ids(r["prompt"]) for r in train]
@@ -75,13 +99,13 @@ def test_distill_writes_the_models_greedy_answers_without_cut_off_ones(tiny_run,
 
 def test_distill_resumes_from_its_partial_file(distilled):
     out, args, _ = distilled
-    train, _ = distill.prompt_sets(N_TRAIN, N_HELDOUT, 0.5, seed=0)
-    planted = {"prompt": train[0]["prompt"], "response": "planted", "task": train[0]["task"], "cut_off": False,
-               "ids_kept": True}
+    train = distill.prompt_sets(N_TRAIN, N_VAL, N_HELDOUT, SHARES, seed=0)["train"]
+    planted = {"prompt": train[0]["prompt"], "response": "planted", "task": train[0]["task"], "split": "train",
+               "cut_off": False, "ids_kept": True}
     partial = out / "train.jsonl.partial"
     partial.write_text(json.dumps(planted) + "\n" + '{"prompt": "a line cut by Ctrl-')
-    assert "resuming: 1 of 40" in run_distill(args)
-    assert {"prompt": train[0]["prompt"], "response": "planted"} in read(out / "train.jsonl")
+    assert f"resuming: 1 of {N_TRAIN + N_VAL}" in run_distill(args)
+    assert {"prompt": train[0]["prompt"], "response": "planted"} in read(out / "train.jsonl") + read(out / "train_cut_off.jsonl")
     partial.write_text(json.dumps({**planted, "prompt": "not one of its prompts"}) + "\n")
     with pytest.raises(cli.UserError, match="other prompts"):
         run_distill(args)
@@ -91,18 +115,22 @@ def test_distill_resumes_from_its_partial_file(distilled):
 def test_real_eval_end_to_end(tiny_run, distilled, tmp_path):
     out = distilled[0]
     result = tmp_path / "real.json"
-    real_eval.main(["--base", str(tiny_run / "ar.pt"), "--ckpt", str(tiny_run / "mars.pt"), "--heldout",
+    real_eval.main(["--base", str(tiny_run / "ar.pt"), "--ckpt", str(tiny_run / "mars.pt"), "--control",
+                    str(tiny_run / "ar.pt"), "--heldout",
                     str(out / "heldout.jsonl"), "--n", "6", "--max_new_tokens", "8", "--batch", "4", "--wall_n1", "1",
                     "--wall_n8", "3", "--trend", str(tiny_run / "mars.pt"), "--trend_n", "3", "--out", str(result)])
     r = json.loads(result.read_text())
     assert r["command"].startswith("python -m extras.real.eval --base") and (tmp_path / "real.png").exists()
-    assert [s["decoder"] for s in r["sweep"]] == ["tau=1.0", "tau=0.95", "tau=0.9", "tau=0.8", "tau=0.7", "lossless"]
+    assert [s["decoder"] for s in r["sweep"]] == ["MARS " + d for d in ("tau=1.0", "tau=0.95", "tau=0.9", "tau=0.8",
+                                                                       "tau=0.7", "lossless")]
+    control = r["control"][0]  # the control here is the base itself: identical by construction
+    assert control["identical"] == 1 and control["ar_agreement"] == 1 and control["quality"] == r["base"]["quality"]
+    assert r["base"]["quality"]["n"] == 6 and 0 <= r["base"]["quality"]["ci"][0] <= r["base"]["quality"]["pass"]
     assert r["base"]["identical"] == 1 and r["base"]["agreement"] == 1 and r["base"]["tokens_per_forward"] == 1
     assert r["sweep"][0]["tokens_per_forward"] == 1  # tau = 1.0 is AR
     lossless = r["sweep"][-1]
-    assert lossless["identical_to_mars_ar"] == 1 and lossless["tokens_per_forward"] > 1  # exact, and faster
+    assert lossless["identical_to_mars_ar"] == 1 and lossless["tokens_per_forward"] >= 1  # exact
     assert 0 <= r["ar_agreement"] <= 1 and r["sweep"][0]["identical_to_mars_ar"] == 1
-    assert "toy" in r["base"] and r["base"]["toy"]["n"] == sum("answer" in e for e in read(out / "heldout.jsonl")[:6])
     assert [(w["batch_size"], w["decoder"]) for w in r["wall"]] == [(b, d) for b in (1, 8)
                                                                     for d in ("ar", "tau=0.9", "lossless")]
     assert [p["step"] for p in r["trend"]] == [0, torch.load(tiny_run / "mars.pt", weights_only=True)["iter"]]

@@ -133,7 +133,7 @@ def quality(checked):
 
 def scores(examples, base, runs, tok):
     """One row of the sweep: tokens per forward, agreement with the base answers, accuracy on the toy's families."""
-    tokens, forwards = sum(len(r.tokens) for r in runs), sum(r.steps for r in runs)
+    tokens, forwards = sum(len(r.tokens) for r in runs), sum(r.forwards for r in runs)
     row = {"tokens_per_forward": round(tokens / max(forwards, 1), 4), "tokens": tokens, "forwards": forwards,
            "identical": identical(runs, base),
            "agreement": round(sum(common_prefix(r.tokens, b.tokens) for r, b in zip(runs, base))
@@ -163,7 +163,7 @@ def wall_clock(base, mars_model, tok, prompts, batch, decoders, args, B):
                                          max_new_tokens=args.max_new_tokens, **d)
             seconds[k] += done[0].seconds
             tokens[k] += sum(len(r.tokens) for r in done)
-            forwards[k] += sum(r.steps for r in done)
+            forwards[k] += sum(r.forwards for r in done)
     ar_rate = tokens[0] / seconds[0]
     return [{"decoder": n, "batch_size": batch, "prompts": len(prompts), "seconds": round(s, 2), "tokens": t,
              "tokens_per_second": round(t / s, 2), "tokens_per_forward": round(t / f, 4),

@@ -32,6 +32,7 @@ LEVERS = {
     "lr 2e-5, ar_weight 4": ["--mars_lr", "2e-5", "--ar_weight", "4"],
     "lr 2e-5, looping answers kept": ["--mars_lr", "2e-5", "--data", "{loops}"],
     "lr 2e-5, <|mask|> row = mean embedding": ["--mars_lr", "2e-5", "--mask_row", "mean"],
+    "control (AR loss alone), lr 5e-6": ["--stage", "control", "--mars_lr", "5e-6"],
 }
 TAU = 0.9
 
@@ -53,9 +54,10 @@ def train_command(lever, args, out_dir, loops):
              "--mars_iters", str(args.steps), "--warmup", str(args.warmup), "--eval_every", str(args.steps),
              "--save_every", str(args.steps), "--summary_limit", "0"]
     extra = [loops if f == "{loops}" else f for f in LEVERS[lever]]
-    if "--data" in extra:  # the lever's data replaces the shared one
-        i = flags.index("--data")
-        del flags[i:i + 2]
+    for flag in ("--data", "--stage"):  # the lever's replaces the shared one
+        if flag in extra:
+            i = flags.index(flag)
+            del flags[i:i + 2]
     return [sys.executable, "train.py", *flags, *extra]
 
 
@@ -63,15 +65,16 @@ def measure(path, tok, prompts, base_runs, args):
     """The validation figures of one MARS checkpoint."""
     ckpt = load_checkpoint(path)
     model = model_from_checkpoint(ckpt)[0].eval()
-    B = ckpt["mars"]["B"]
+    B = (ckpt.get("mars") or ckpt["control"])["B"]  # the control: its <|mask|> untrained
     runs = decode(model, tok, prompts, [AR, {"tau": TAU}], args, B)
     own, fast = runs[name(AR)], runs[name({"tau": TAU})]
     last = ckpt["history"][-1]
-    return {"val_noisy_loss": round(last["val_noisy"], 4), "val_clean_loss": round(last["val_clean"], 4),
+    return {"val_noisy_loss": round(last["val_noisy"], 4) if "val_noisy" in last else None,
+            "val_clean_loss": round(last.get("val_clean", last["val_loss"]), 4),
             "ar_agreement": ar_agreement(model, tok, prompts, base_runs),
             "identical_at_tau_1": identical(own, base_runs),
             f"tokens_per_forward_at_tau_{TAU}": round(sum(len(r.tokens) for r in fast)
-                                                      / max(sum(r.steps for r in fast), 1), 4),
+                                                      / max(sum(r.forwards for r in fast), 1), 4),
             f"identical_to_own_ar_at_tau_{TAU}": identical(fast, own),
             "train_seconds": last["elapsed_s"]}
 
@@ -116,10 +119,10 @@ def main(argv=None):
         t0 = time.time()
         if subprocess.run(cmd).returncode:
             raise UserError(f"the run of {lever!r} failed (its command is above)")
-        row = {"lever": lever, "train_command": shlex.join(["python", *cmd[1:]]), **measure(os.path.join(out_dir, "mars.pt"), tok, prompts,
-                                                                  base_runs, args),
-               "seconds": round(time.time() - t0, 1)}
-        os.remove(os.path.join(out_dir, "mars.pt"))
+        path = os.path.join(out_dir, "control.pt" if "control" in LEVERS[lever] else "mars.pt")
+        row = {"lever": lever, "train_command": shlex.join(["python", *cmd[1:]]),
+               **measure(path, tok, prompts, base_runs, args), "seconds": round(time.time() - t0, 1)}
+        os.remove(path)
         result = {"command": command, "machine": machine(), "base": args.base, "steps": args.steps,
                   "batch_size": args.batch_size, "warmup": args.warmup, "val_prompts": len(prompts),
                   "rows": result["rows"] + [row]}
