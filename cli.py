@@ -1,5 +1,6 @@
 """What every command line of the project shares: a user's mistake is one line on stderr and a
-non-zero exit, never a traceback; and loading a checkpoint (ours, or a Hugging Face directory)."""
+non-zero exit, never a traceback; and loading a checkpoint (ours, or a real model's through foreign(),
+the one function of the root that imports extras/)."""
 import argparse
 import os
 import sys
@@ -58,24 +59,24 @@ def check_device(device):
 # ---------------------------------------------------------------------------
 # Checkpoints
 
+def foreign():
+    """The one seam between the root and extras/: extras/checkpoints/foreign.py, imported here and nowhere else
+    in the root, only when a path or a chat template is not the toy's (a Hugging Face directory, a GGUF file),
+    so the method imports without jinja2, safetensors or gguf."""
+    from extras.checkpoints import foreign as seam
+    return seam
+
+
 def load_checkpoint(path, device="cpu", dtype=None):
-    """The checkpoint dict, or UserError with a one-line reason. `path` is one of our .pt files, a
-    Hugging Face model directory (hf.read_checkpoint: weights in dtype, default float32), or a GGUF
-    file or an installed one's short name, e.g. smollm2 (extras/checkpoints/gguf_file.py: the same)."""
+    """The checkpoint dict, or UserError with a one-line reason. `path` is one of our .pt files, or a real
+    model read through foreign(): a Hugging Face model directory, a GGUF file or an installed one's short
+    name, e.g. smollm2 (weights in dtype, default float32)."""
     check_device(device)
     path = str(path)
-    if path.endswith(".gguf") or not (os.path.exists(path) or path.endswith(".pt")):  # a GGUF file or short name
-        from extras.checkpoints import gguf_file  # GGUF files load only on this path
+    maybe_foreign = os.path.isdir(path) or path.endswith(".gguf") or not (os.path.exists(path) or path.endswith(".pt"))
+    if maybe_foreign and foreign().names_model(path):
         try:
-            file = gguf_file.named_file(path)
-            if file:
-                return gguf_file.read_checkpoint(file, device, dtype)
-        except (ValueError, OSError) as e:
-            raise UserError(f"{path}: {e}") from None
-    if os.path.isdir(path):
-        from extras.checkpoints import hf  # Hugging Face formats load only on this path
-        try:
-            return hf.read_checkpoint(path, device, dtype)
+            return foreign().read_checkpoint(path, device, dtype)
         except (ValueError, OSError, KeyError) as e:
             raise UserError(f"{path}: {e}") from None
     if not os.path.isfile(path):
@@ -88,6 +89,14 @@ def load_checkpoint(path, device="cpu", dtype=None):
         raise UserError(f"not a readable checkpoint of this project: {path}") from None
 
 
+def tokenizer_from_state(state):
+    """A checkpoint's tokenizer; a chat template other than the toy's (a real model's Jinja template) gets its
+    renderer through foreign()."""
+    if state.get("chat_template", tokenizer.TOY_TEMPLATE) == tokenizer.TOY_TEMPLATE:
+        return tokenizer.Tokenizer.from_state(state)
+    return foreign().tokenizer_from_state(state)
+
+
 def model_from_checkpoint(ckpt, device="cpu", dtype=None):
     """(model, tokenizer). The model takes the checkpoint's tensors (built on the meta device, so a
     7B model is never initialised at random first), then moves to device and dtype."""
@@ -95,9 +104,10 @@ def model_from_checkpoint(ckpt, device="cpu", dtype=None):
         with torch.device("meta"):
             model = GPT(GPTConfig(**ckpt["model_config"]))
         model.load_state_dict(ckpt["model"], assign=True)
-    except (TypeError, RuntimeError):  # a config field or a weight's name or shape this GPT does not have
-        raise UserError("this checkpoint's weights do not fit this version's GPT (rotary positions): retrain it "
-                        "with python train.py") from None
+    except (TypeError, RuntimeError) as e:  # a config field or a weight's name or shape this GPT does not have
+        what = " ".join(str(e).split())[:200] or type(e).__name__  # one line: what does not fit
+        raise UserError(f"this checkpoint does not fit this version's GPT ({what}): retrain it with python train.py") \
+            from None
     if model.config.tie_embeddings:  # assign replaced the shared parameter by two
         model.lm_head.weight = model.wte.weight
-    return model.to(device=device, dtype=dtype), tokenizer.Tokenizer.from_state(ckpt["tokenizer"])
+    return model.to(device=device, dtype=dtype), tokenizer_from_state(ckpt["tokenizer"])

@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from cli import Parser, check_device
+from cli import Parser, check_device, foreign
 
-# One source of truth for every number: flags override single entries. A real model's recipe: extras/checkpoints/hf_train.py.
+# One source of truth for every number: flags override single entries.
 # dtype: the autocast precision; a preset without one measures which is faster on the device (choose_dtype).
 TOY = dict(warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
 PRESETS = {
@@ -34,6 +34,14 @@ PRESETS = {
     "gpu": dict(n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000, summary_limit=None,
                 batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3, eval_every=500, save_every=500,
                 **TOY),
+    # hf: the paper's recipe for a real instruct model (the default when --init_from is one; its shape comes from
+    # its config.json): lr 5e-6 in both stages, linear warmup 3% then cosine to zero, AdamW with weight decay 0
+    # and transformers' default betas (0.9, 0.999), rows of at most 512 tokens, bf16 autocast where the device
+    # runs it faster (choose_dtype), 5 epochs per stage (the steps follow from the data), effective batch 384
+    # (the authors': 48 per GPU x 8 GPUs; here 4 per forward, the rest accumulated: 96 forwards per step on one GPU).
+    "hf": dict(max_seq_len=512, batch_size=384, micro_batch=4, epochs=5, lr=5e-6, mars_lr=5e-6, warmup=0.03,
+               weight_decay=0.0, betas=[0.9, 0.999], eval_every=500, save_every=500,
+               summary_limit=200),
 }
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
 OVERRIDES = [("n_layer", int, "layers"), ("n_head", int, "attention heads"), ("n_embd", int, "model width"),
@@ -53,7 +61,7 @@ BF16_MARGIN = 0.9  # bf16 autocast only where it takes at most 90% of float32's 
 
 def get_args(argv=None):
     p = Parser(__doc__)
-    p.add_argument("--preset", choices=[*PRESETS, "hf"], help="tiny (seconds), cpu, gpu, or hf (the paper's recipe "
+    p.add_argument("--preset", choices=PRESETS, help="tiny (seconds), cpu, gpu, or hf (the paper's recipe "
                    "for a real model, the default when --init_from is one or was trained from one)")
     p.add_argument("--stage", choices=["ar", "mars", "all", "control"], default="all", help="ar: stage 1 (AR SFT); "
                    "mars: stage 2; all: both, then the summary (default); control: stage 2 without its noisy stream")
@@ -72,7 +80,8 @@ def get_args(argv=None):
                                                            "little padding (default 16; 1: uniform batches)")
     p.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (default 1.0)")
     g = p.add_argument_group("MARS (stage 2)")
-    g.add_argument("--block_size", type=int, default=4, help="B, the MARS block: masks predicted together (default 4)")
+    g.add_argument("--B", type=int, default=4, help="the paper's block size B: the noisy stream's blocks, positions "
+                   "predicted together (default 4)")
     g.add_argument("--ar_weight", type=float, help="alpha, weight of the clean-stream (AR) loss (default 1.0; 0 is "
                                                    "not the paper's 'w/o SFT loss' ablation: that is --no_sft)")
     g.add_argument("--no_sft", action="store_true", help="the paper's 'w/o SFT loss' ablation: no clean-stream loss, "
@@ -92,10 +101,8 @@ def resolve(p, args):
     args.preset = args.preset or ("hf" if args.from_hf else "gpu" if torch.cuda.is_available() else "cpu")
     if args.preset == "hf" and not args.from_hf:
         p.error("--preset hf fine-tunes a real model: give --init_from DIR (a Hugging Face model directory)")
-    if args.preset == "hf":
-        from extras.checkpoints.hf_train import PRESET as preset  # the Hugging Face path only
     given = args.dtype
-    for k, v in (preset if args.preset == "hf" else PRESETS[args.preset]).items():
+    for k, v in PRESETS[args.preset].items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
     args.dtype = args.dtype or "auto"
@@ -104,7 +111,7 @@ def resolve(p, args):
         "dtype": args.dtype, "reason": f"--dtype {given}" if given else f"the {args.preset} preset's"}
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.data = args.data and os.path.abspath(args.data)  # the checkpoint must find it from anywhere
-    counts = ("block_size", "ar_iters", "mars_iters", "eval_every", "save_every", "batch_size", "buckets")
+    counts = ("B", "ar_iters", "mars_iters", "eval_every", "save_every", "batch_size", "buckets")
     if any(getattr(args, k) is not None and getattr(args, k) < 1 for k in counts):
         p.error(f"--{', --'.join(counts)} must be >= 1")
     if not args.from_hf and (args.n_embd % args.n_head or (args.n_embd // args.n_head) % 2):
@@ -123,8 +130,7 @@ def from_hf(path):
     if path is None or os.path.isdir(path) or path.endswith(".gguf"):
         return path is not None
     if not os.path.exists(path):  # a short name; any other missing path is reported when the stage loads it
-        from extras.checkpoints.gguf_file import SHORT_NAMES
-        return path in SHORT_NAMES
+        return foreign().names_model(path)
     try:  # an unreadable file is reported when the stage loads it
         return "hf" in torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception:
@@ -133,7 +139,7 @@ def from_hf(path):
 
 def stage2_flags(args):
     """What a MARS checkpoint records of its stage-2 flags (and --resume checks)."""
-    return {"B": args.block_size, "ar_weight": args.ar_weight, "no_sft": args.no_sft, "block_offset": args.block_offset}
+    return {"B": args.B, "ar_weight": args.ar_weight, "no_sft": args.no_sft, "block_offset": args.block_offset}
 
 
 # ---------------------------------------------------------------------------

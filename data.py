@@ -1,7 +1,8 @@
 """The instruction set, its checkers and splits, and batching (the tokenizer is tokenizer.py).
 
-Everything here is about text and token ids; nothing here knows about models
-or MARS. The built-in instruction set is generated from a seed: ten task
+Everything here is about text and token ids; nothing here knows about models.
+Of MARS it knows one number: make_batch pads a sequence to a multiple of B, and
+length_buckets and tokenize take that multiple. The built-in instruction set is generated from a seed: ten task
 families, each with one exact answer and a checker, mixing predictable
 template text ("The answer is") with genuinely hard tokens (digits, letters).
 """
@@ -249,7 +250,7 @@ def build_instruction_set(seed=0, n_train=40000, n_val=500, n_test=2000):
     (2,000 test prompts: one standard error of an accuracy near 90% is 0.7 points)."""
     rng = random.Random(seed)
     splits = {"train": [], "val": [], "test": []}
-    for task, (generate, _) in TASKS.items():
+    for task, (make_example, _) in TASKS.items():
         quota = {"train": round(n_train * MIX[task] / sum(MIX.values())),
                  "val": n_val // len(TASKS), "test": n_test // len(TASKS)}
         shares = dict(test=0.25, val=0.06) if task in SMALL_FAMILIES else dict(test=0.04, val=0.04)
@@ -257,7 +258,7 @@ def build_instruction_set(seed=0, n_train=40000, n_val=500, n_test=2000):
         for _ in range(40 * quota["train"]):  # small families run out of new held-out prompts
             if count["train"] >= quota["train"] and count["test"] >= quota["test"]:
                 break
-            question, response, answer = generate(rng)
+            question, response, answer = make_example(rng)
             prompt = rng.choice(OPENERS) + question
             split = split_of(prompt, **shares)
             if count[split] >= quota[split] or (split != "train" and prompt in seen):

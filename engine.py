@@ -38,7 +38,7 @@ class Request:
     # results
     tokens: list = field(default_factory=list)  # generated ids, <|endoftext|> included when reached
     chunks: list = field(default_factory=list)  # what each forward added to tokens
-    steps: int = 0  # forwards it took part in (the block cache's waits and writes included)
+    forwards: int = 0  # forwards it took part in (the block cache's waits and writes included)
     accepted: int = 0  # tokens the rule accepted, before the cut at <|endoftext|> and the budget
     seconds: float = 0.0  # generate_batch: wall clock of its whole batch
 
@@ -135,20 +135,20 @@ class BlockCache:
     def filling(requests):  # between two writes
         return any(len(r.ids) < r.end for r in requests)
 
-    def step(self, engine):
+    def step(self, decoder):
         """One forward, a write or an inner one; returns its window width."""
-        requests, full = engine.running, not self.filling(engine.running)
+        requests, full = decoder.running, not self.filling(decoder.running)
         for r in requests:
-            r.n_masks = 0 if full or not mars.masks_to_feed(engine.B, r.tau) else max(r.end - len(r.ids) - 1, 0)
-        tokens, conf, width = engine.forward()
+            r.n_masks = 0 if full or not mars.masks_to_feed(decoder.B, r.tau) else max(r.end - len(r.ids) - 1, 0)
+        tokens, conf, width = decoder.forward()
         self.wrote = full
-        committed = [commit(r, new, engine.eot_id, past_eot=True) if len(r.ids) < r.end else []  # a full request waits
-                     for r, (new, _) in zip(requests, engine.commits(tokens, conf))]
+        committed = [commit(r, new, decoder.eot_id, past_eot=True) if len(r.ids) < r.end else []  # a full request waits
+                     for r, (new, _) in zip(requests, decoder.commits(tokens, conf))]
         if self.wrote:  # everything fed is cached but the last token, which opens the next windows
             for r in requests:
                 r.cached = len(r.ids) - 1
                 r.end = len(r.ids) + min(self.B_cache, r.left)
-        engine.settle(committed)
+        decoder.settle(committed)
         return width
 
 
@@ -222,7 +222,7 @@ class Engine:
         tokens, conf = decode_step(self.model, requests, self.kv, self.mask_id, **self.sampling)
         self.forwards += 1
         for r in requests:
-            r.steps += 1
+            r.forwards += 1
         windows = [window(r, self.kv, self.mask_id) for r in requests]
         if self.trace is not None:
             for r, fed, t, c in zip(requests, windows, tokens.tolist(), conf.tolist()):
@@ -287,13 +287,13 @@ def generate_batch(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="slid
         return []
     taus = [float(t) for t in tau] if hasattr(tau, "__len__") else [float(tau)] * len(prompts)
     slots = kv_slots(prompts, model.config.max_seq_len, max_new_tokens, B, cache, B_cache)
-    engine = Engine(model, eot_id, mask_id, B, len(prompts), max_new_tokens, cache=cache, B_cache=B_cache,
-                    cache_len=slots, **options)
+    decoder = Engine(model, eot_id, mask_id, B, len(prompts), max_new_tokens, cache=cache, B_cache=B_cache,
+                     cache_len=slots, **options)
     requests = [Request(list(p), tau=t, lossless=lossless, index=i) for i, (p, t) in enumerate(zip(prompts, taus))]
-    engine.waiting.extend(requests)
+    decoder.waiting.extend(requests)
     t0 = clock(model)
-    while engine.backlog:
-        engine.step()
+    while decoder.backlog:
+        decoder.step()
     seconds = clock(model) - t0
     for r in requests:
         r.seconds = seconds

@@ -78,10 +78,10 @@ def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, offset=0, noisy_weight=Non
     ids = torch.cat([noisy_copy(x, y, mask_id), x], dim=1)  # [noisy | clean]
     pos = torch.arange(T, device=x.device).repeat(2)  # shared positions: both streams at 0..T-1
     targets = torch.cat([y, y], dim=1)  # position q of either stream predicts y[q]
-    mask = training_mask(T, B, offset, x.device)  # offset 0: the paper's block grid
+    attn_mask = training_mask(T, B, offset, x.device)  # offset 0: the paper's block grid
     skip = idle_noisy_positions(y, B, offset)  # only a saving: drop noisy positions that feed nothing
-    ids, pos, targets, mask = ids[:, skip:], pos[skip:], targets[:, skip:], mask[skip:, skip:]
-    ce = token_ce(model, ids, targets, positions=pos, attn_mask=mask)
+    ids, pos, targets, attn_mask = ids[:, skip:], pos[skip:], targets[:, skip:], attn_mask[skip:, skip:]
+    ce = token_ce(model, ids, targets, positions=pos, attn_mask=attn_mask)
     n = (y != -1).sum(1).clamp_min(1)  # response tokens per sequence
     noisy, clean = ce[:, :-T].sum(1) / n, ce[:, -T:].sum(1) / n  # the clean stream is the last T positions
     weight = 1.0 if noisy_weight is None else noisy_weight  # the "w/o SFT loss" ablation's 1/t weights

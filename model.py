@@ -39,7 +39,7 @@ class GPTConfig:
 class KVCache:
     """Preallocated keys and values (key/value heads only) for every layer, with a length per batch row.
     A forward appends at slots lengths[b]..; the caller keeps what it wants with `rollback` (MARS drops
-    its masks' entries after every step). Slots beyond a row's length are stale and never attended."""
+    its <|mask|> tokens' entries after every step). Slots beyond a row's length are stale and never attended."""
 
     def __init__(self, config, batch_size, max_len, dtype, device):
         shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
@@ -63,7 +63,7 @@ class KVCache:
         self.lengths = self.lengths + [0] * n
 
     def write_plan(self, t, device):
-        """Where a forward of t new tokens writes, which keys it reads, and its mask: query i of row b
+        """Where a forward of t new tokens writes, which keys it reads, and its attention mask: query i of row b
         sits at slot lengths[b] + i and may attend every slot up to its own (causal over the cache)."""
         lo, hi = min(self.lengths), max(self.lengths)
         if hi + t > self.max_len:
@@ -71,13 +71,13 @@ class KVCache:
         n_keys = hi + t
         if lo == hi:  # every row at the same length: a plain slice
             where = slice(lo, lo + t)
-            mask = None if t == 1 else torch.ones(t, n_keys, dtype=torch.bool, device=device).tril(lo)
-            return where, n_keys, mask
+            visible = None if t == 1 else torch.ones(t, n_keys, dtype=torch.bool, device=device).tril(lo)
+            return where, n_keys, visible
         cached = torch.tensor(self.lengths, device=device)[:, None]
         slots = cached + torch.arange(t, device=device)  # (b, t)
         rows = torch.arange(len(self.lengths), device=device)[:, None]
-        mask = torch.arange(n_keys, device=device)[None, None, :] <= slots[:, :, None]  # (b, t, n_keys)
-        return (rows, slots), n_keys, mask[:, None]
+        visible = torch.arange(n_keys, device=device)[None, None, :] <= slots[:, :, None]  # (b, t, n_keys)
+        return (rows, slots), n_keys, visible[:, None]
 
     def update(self, layer, k, v, where, n_keys):
         """Write this layer's new keys and values; return all keys and values to attend."""
@@ -180,7 +180,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.blocks = nn.ModuleList(Layer(config) for _ in range(config.n_layer))  # "blocks": the state-dict keys
+        self.blocks = nn.ModuleList(Layer(config) for _ in range(config.n_layer))  # layers; "blocks": the weights' keys
         self.norm_f = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:

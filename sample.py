@@ -6,10 +6,9 @@
     python sample.py --chat                   # type prompts; "/tau 0.7" turns the knob
     python sample.py --ckpt DIR --chat        # a Hugging Face directory, e.g. MARS-Qwen2.5-0.5B-blk4
 
-`generate` below is the paper's loop for one prompt; read it first. The command line runs it
-whenever it can (one prompt at a time, greedy, the sliding cache, the prob rule); batches, the
-block cache, lossless decoding, other rules and sampling go to engine.py, the same loop for many
-prompts at once (tests check that both commit the same tokens in the same forwards).
+`generate` below is the paper's loop for one prompt; read it first. The command line runs it whenever
+it can, else engine.py, the same loop for many prompts at once (tests check that both commit the same
+tokens in the same forwards), and says which ran and why (`decoder`).
 """
 import argparse
 import json
@@ -75,28 +74,29 @@ def get_args(argv=None):
                    help="tau in (0, 1]: commit predictions while their confidence >= tau; 1.0 = one token per forward")
     p.add_argument("--metric", choices=mars.METRICS, default="prob",
                    help="confidence: prob of the token (default), margin top1-top2, or 1 - normalised entropy")
-    p.add_argument("--block_size", type=int, default=None, help="B, predictions per forward (default: the checkpoint's)")
+    p.add_argument("--B", type=int, default=None, help="the paper's block size B: predictions per forward, B - 1 of "
+                   "them from mask tokens (default: the checkpoint's)")
     p.add_argument("--max_accept", type=int, default=None, help="commit at most this many tokens per forward")
     p.add_argument("--cache", choices=engine.CACHE_MODES, default="sliding",
                    help="KV cache: sliding (default, fastest), block (the paper's block-level cache), none (reference)")
-    p.add_argument("--B_cache", type=int, default=16,
-                   help="the paper's B_cache (--cache block): positions filled between two cache writes (default 16)")
-    p.add_argument("--masks", choices=engine.MASK_MODES, default="fixed", help="fixed (default, the paper's): "
-                   "B - 1 masks per forward; auto: as many as pay for what they cost here (cost.py), so outputs vary; "
-                   "under --cache block auto writes at every forward, as the sliding cache does")
+    p.add_argument("--B_cache", type=int, default=16, help="the paper's B_cache (--cache block, the paper's "
+                   "block-level cache): positions filled between two cache writes (default 16)")
+    p.add_argument("--masks", choices=engine.MASK_MODES, default="fixed", help="mask tokens per forward: fixed "
+                   "(default, the paper's) B - 1; auto: as many as pay for what they cost here (cost.py), so outputs "
+                   "vary; under --cache block auto writes at every forward, as the sliding cache does")
     p.add_argument("--batch_size", type=int, default=1, help="prompts decoded together (default 1)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (Gumbel-max)")
     p.add_argument("--max_new_tokens", type=int, default=64, help="stop after this many tokens (default 64)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="weights and activations: float32 (default), bfloat16 (to serve a real model on a GPU)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights and activations: float32 "
+                   "(default), bfloat16 or float16 (to serve a real model on a GPU)")
     return checked(p, p.parse_args(argv))
 
 
 def checked(p, args):
     """Refuses flags that cannot run together or make no sense; fills the defaults that depend on the machine."""
-    for name in ("block_size", "B_cache", "batch_size", "max_new_tokens", "num_prompts", "max_accept"):
+    for name in ("B", "B_cache", "batch_size", "max_new_tokens", "num_prompts", "max_accept"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
     if args.temperature < 0:
@@ -110,7 +110,7 @@ def checked(p, args):
     return args
 
 
-def verdict(tok, example, tokens):
+def is_right(tok, example, tokens):
     """Whether the generated tokens answer the example right; None when its answer is not known."""
     return data.check(example, tok.decode([t for t in tokens if t != tok.eot])) if "answer" in example else None
 
@@ -123,7 +123,7 @@ def decode_examples(model, tok, examples, batch_size=64, **decode):
         gens = engine.generate_batch(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask,
                                      **{"n_vocab": tok.n_vocab, **decode})  # never an id past the tokenizer
         for e, g in zip(batch, gens):
-            yield e, g, verdict(tok, e, g.tokens)
+            yield e, g, is_right(tok, e, g.tokens)
 
 
 def generate_examples(model, tok, examples, B, tau, max_new_tokens):
@@ -134,34 +134,38 @@ def generate_examples(model, tok, examples, B, tau, max_new_tokens):
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the model's context of {max_seq}")
         t0 = engine.clock(model)
         out, chunks = generate(model, prompt, tok.eot, tok.mask, B, tau, max_new_tokens, tok.n_vocab)
-        g = engine.Request(prompt, tokens=out, chunks=chunks, steps=len(chunks), seconds=engine.clock(model) - t0)
-        yield e, g, verdict(tok, e, out)
+        g = engine.Request(prompt, tokens=out, chunks=chunks, forwards=len(chunks), seconds=engine.clock(model) - t0)
+        yield e, g, is_right(tok, e, out)
 
 
-def paper_loop(args):
-    """Whether `generate` decodes this command: one prompt at a time, greedy, the sliding cache, the prob rule,
-    no cap on acceptance, fixed masks (any tau; --ar is B = 1). Anything else goes to the engine."""
-    return (args.batch_size == 1 and args.cache == "sliding" and not args.lossless and args.temperature == 0
-            and args.metric == "prob" and args.max_accept is None and args.masks == "fixed")
+def decoder(args):
+    """Which decodes this command, and why: `generate` (any tau; --ar is B = 1) unless a flag needs the engine."""
+    needs = {"--batch_size": args.batch_size != 1, "--cache": args.cache != "sliding", "--lossless": args.lossless,
+             "--temperature": args.temperature != 0, "--metric": args.metric != "prob",
+             "--max_accept": args.max_accept is not None, "--masks": args.masks != "fixed"}
+    flags = [f if f == "--lossless" else f"{f} {getattr(args, f[2:])}" for f, need in needs.items() if need]
+    if flags:
+        return {"decoder": "engine", "why": f"sample.generate does not take {', '.join(flags)}"}
+    return {"decoder": "paper loop", "why": "one prompt, greedy, sliding cache, prob rule, fixed masks"}
 
 
-def show(tok, example, g, correct, as_json, colour):
-    """One answer: the text, split into what each forward committed, and the statistics;
-    for a held-out prompt (its answer known) whether it is right, and if not, what was expected."""
+def show(tok, example, g, correct, as_json, colour, ran):
+    """One answer: the text, split into what each forward committed, and the statistics; for a held-out prompt
+    (its answer known) whether it is right, and if not, what was expected; in JSON, which decoder ran (ran)."""
     n, text = len(g.tokens), tok.decode([t for t in g.tokens if t != tok.eot])
     # every forward the request took part in (the block cache's waits and writes too)
-    stats = dict(tokens=n, forwards=g.steps, tokens_per_forward=n / max(g.steps, 1),
+    stats = dict(tokens=n, forwards=g.forwards, tokens_per_forward=n / max(g.forwards, 1),
                  seconds=g.seconds, tokens_per_second=n / max(g.seconds, 1e-9))
     if as_json:
         known = {} if correct is None else {"correct": correct}
         print(json.dumps({"prompt": example["prompt"], "text": text, **stats, **known,
-                          "chunks": [tok.decode(c) for c in g.chunks], "ids": g.tokens}))
+                          "chunks": [tok.decode(c) for c in g.chunks], "ids": g.tokens, **ran}))
         return correct
     pieces = [tok.decode([t for t in c if t != tok.eot]) for c in g.chunks]
     # two alternating colours on a terminal, else "|": one piece per forward
     body = "".join(f"\033[{36 - 3 * (i % 2)}m{p}\033[0m" for i, p in enumerate(pieces)) if colour else "|".join(pieces)
     verdict = "" if correct is None else "  right" if correct else f"  wrong, expected: {example['answer']}"
-    print(f"> {example['prompt']}\n{body}\n  [{n} tokens, {g.steps} forwards, {stats['tokens_per_forward']:.2f} "
+    print(f"> {example['prompt']}\n{body}\n  [{n} tokens, {g.forwards} forwards, {stats['tokens_per_forward']:.2f} "
           f"tokens/forward, {stats['tokens_per_second']:.0f} tokens/s]{verdict}\n", flush=True)
     return correct
 
@@ -197,19 +201,21 @@ def main(argv=None):
     model.eval()
     if not args.ar and "mars" not in ckpt:
         raise UserError(f"{args.ckpt} is an AR checkpoint (no MARS block size): use --ar, or a MARS checkpoint")
-    B = 1 if args.ar else args.block_size or ckpt["mars"]["B"]
+    B = 1 if args.ar else args.B or ckpt["mars"]["B"]
     decode = dict(B=B, cache=args.cache, B_cache=args.B_cache, lossless=args.lossless, metric=args.metric,
                   temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens,
                   masks=args.masks)
-    colour = sys.stdout.isatty()
+    colour, ran = sys.stdout.isatty(), decoder(args)
+    if not args.json:  # a JSON object names it itself
+        print(f"decoder: {ran['decoder']} ({ran['why']})\n")
 
     def answer(examples, tau):
         """Decode and show each example ({"prompt"}, with "answer" when known); returns how many came out right."""
-        if paper_loop(args):
+        if ran["decoder"] == "paper loop":
             done = generate_examples(model, tok, examples, B, tau, args.max_new_tokens)
         else:
             done = decode_examples(model, tok, examples, args.batch_size, tau=tau, **decode)
-        return sum(bool(show(tok, e, g, ok, args.json, colour)) for e, g, ok in done)
+        return sum(bool(show(tok, e, g, ok, args.json, colour, ran)) for e, g, ok in done)
 
     if args.chat:
         return chat(answer, args.tau, f"{args.ckpt} (B={B})")

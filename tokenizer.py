@@ -1,7 +1,7 @@
 """The tokenizer: byte-level BPE trained with rustbpe and served by tiktoken, and the toy's
 chat format, <|endoftext|><|user|>prompt<|assistant|>response<|endoftext|>. A Hugging Face
 model's tokenizer.json and Jinja chat template become the same class in extras/checkpoints/hf_tokenizer.py.
-Nothing here knows about models, MARS or the task families.
+Nothing here knows about models or the task families; of MARS it knows only the <|mask|> token it reserves.
 """
 import re
 import unicodedata
@@ -110,16 +110,15 @@ class Tokenizer:
                 "template_vars": dict(self.chat.variables)}
 
     @classmethod
-    def from_state(cls, state):
+    def from_state(cls, state, chat=None):
+        """chat: the renderer of a state whose template is not the toy's (a Hugging Face model's Jinja template),
+        built by the caller (cli.tokenizer_from_state), so that this module needs no jinja2."""
         ranks = {bytes.fromhex(t): i for i, t in enumerate(state["tokens"]) if t}
-        template = state.get("chat_template", TOY_TEMPLATE)
-        if template == TOY_TEMPLATE:
-            chat = ToyChat()
-        else:  # trained from a Hugging Face model: its own Jinja template, so jinja2 loads for it alone
-            from extras.checkpoints.hf_tokenizer import JinjaChat
-            chat = JinjaChat(template, state.get("template_vars"))
+        if chat is None and state.get("chat_template", TOY_TEMPLATE) != TOY_TEMPLATE:
+            raise ValueError("this tokenizer has its own chat template: give from_state its renderer "
+                             "(cli.tokenizer_from_state builds it)")
         return cls(state["pattern"], ranks, state.get("specials"), state.get("ordinary"), state.get("normalizer"),
-                   chat)
+                   chat or ToyChat())
 
     def encode(self, text):
         """Plain text: the name of a special token in it stays text (added tokens that are not

@@ -21,7 +21,7 @@ import data
 import engine
 import mars
 import tokenizer
-from cli import UserError, load_checkpoint, model_from_checkpoint, run_cli
+from cli import UserError, foreign, load_checkpoint, model_from_checkpoint, run_cli
 from config import MODEL_KEYS, choose_dtype, get_args, stage2_flags
 from model import GPT, GPTConfig
 
@@ -44,7 +44,7 @@ class Stage:
         self.name, self.raw_model, self.tok, self.args, self.hf = name, model, tok, args, hf
         self.t_created = time.time()
         (self.rank, self.world), self.path = dist_info, os.path.join(args.out_dir, f"{name}.pt")
-        self.multiple = 1 if name == "ar" else args.block_size  # stage 2 and the control pad sequences to B's multiples
+        self.multiple = 1 if name == "ar" else args.B  # stage 2 and the control pad sequences to B's multiples
         self.seqs = data.tokenize(splits["train"], tok, args.max_seq_len, self.multiple)
         self.val_seqs = data.tokenize(splits["val"], tok, args.max_seq_len, self.multiple)[:256]
         self.val_examples = splits["val"][:args.summary_limit]
@@ -81,7 +81,7 @@ class Stage:
     def draws(self, rng, n):
         """Random draws for n sequences: the MARS block offset, and the --no_sft weights (1/t per sequence)."""
         a = self.args
-        offset = int(torch.randint(a.block_size, (1,), generator=rng)) if a.block_offset == "random" else 0
+        offset = int(torch.randint(a.B, (1,), generator=rng)) if a.block_offset == "random" else 0
         return offset, mars.no_sft_weights(n, rng, a.device) if a.no_sft else None
 
     def my_micro_batches(self, seqs, weights):
@@ -103,7 +103,7 @@ class Stage:
         if self.name != "mars":
             loss = mars.ar_loss(model, x, y, per_sequence=self.name == "control")
             return loss, {"loss": loss}
-        loss, noisy, clean = mars.mars_loss(model, x, y, self.tok.mask, self.args.block_size, self.args.ar_weight,
+        loss, noisy, clean = mars.mars_loss(model, x, y, self.tok.mask, self.args.B, self.args.ar_weight,
                                             offset, weight)
         return loss, {"loss": loss, "noisy": noisy, "clean": clean}
 
@@ -131,7 +131,7 @@ class Stage:
         if self.name == "mars":
             ckpt["mars"] = stage2_flags(self.args)
         elif self.name == "control":
-            ckpt["control"] = {"B": self.args.block_size}
+            ckpt["control"] = {"B": self.args.B}
         torch.save(ckpt, self.path + ".tmp")
         os.replace(self.path + ".tmp", self.path)
 
@@ -230,7 +230,7 @@ def finish(stage):
     reports), MARS at tau = 1.0, and its wall time; then the log and its plot are written."""
     if stage.rank != 0:
         return
-    record, B = stage.history[-1], stage.args.block_size if stage.name == "mars" else 1
+    record, B = stage.history[-1], stage.args.B if stage.name == "mars" else 1
     if stage.val_examples:
         r = score(stage.raw_model, stage.tok, stage.val_examples, B=B)
         print(f"validation accuracy {100 * r['accuracy']:.1f}% on {r['n']} prompts: "
@@ -251,7 +251,7 @@ def score(model, tok, examples, B=1, tau=1.0):
                                       tok.mask, B=B, tau=tau, n_vocab=tok.n_vocab)
     model.train()
     right = [int(data.check(e, tok.decode([t for t in g.tokens if t != tok.eot]))) for e, g in zip(examples, done)]
-    tokens, forwards = sum(len(g.tokens) for g in done), sum(g.steps for g in done)
+    tokens, forwards = sum(len(g.tokens) for g in done), sum(g.forwards for g in done)
     tasks = sorted({e["task"] for e in examples})
     per_task = {f: [r for e, r in zip(examples, right) if e["task"] == f] for f in tasks}
     return {"n": len(right), "accuracy": sum(right) / len(right), "tokens_per_forward": tokens / max(forwards, 1),
@@ -316,9 +316,8 @@ def plan_stages(args, say):
 
 def start_stage(name, state, args, splits, say):
     """The model, tokenizer and splits a stage starts from, and its Hugging Face record (None for the toy)."""
-    if args.from_hf:  # a real model: extras/checkpoints/hf_train.py, imported on this path only
-        from extras.checkpoints.hf_train import start_stage as start_from_hf
-        return start_from_hf(name, state, args, splits, MODEL_KEYS)
+    if args.from_hf:  # a real model: extras/checkpoints/hf_train.py, through the root's one seam
+        return foreign().start_stage(name, state, args, splits, MODEL_KEYS, load_checkpoint, model_from_checkpoint)
     if name == "ar" and state is None:  # the toy, from scratch
         splits = data.load_splits(args.data, args.seed, args.n_train)
         tok = tokenizer.Tokenizer.train((data.plain_text(e) for e in splits["train"]), args.vocab_size)

@@ -83,7 +83,7 @@ def tiny_run(tmp_path_factory):
     return out
 
 
-SCRIPTS = ("train.py", "sample.py", "extras/bench/eval.py", "extras/serving/serve.py", "extras/checkpoints/hf.py")
+SCRIPTS = ("train.py", "sample.py", "extras/bench/eval.py", "extras/serving/serve.py", "extras/checkpoints/export.py")
 
 
 def run_cli(args, stdin=None, timeout=300, env=None, cwd=ROOT, fresh=False):

@@ -20,7 +20,8 @@ import cli
 import engine
 import sample
 from conftest import assert_one_line_error, run_cli
-from extras.checkpoints import gguf_file, hf, serve, server
+from extras.checkpoints import gguf_file, hf
+from extras.serving import scheduler, serve, server
 from extras.checkpoints.hf_tokenizer import byte_alphabet
 from model import GPT, GPTConfig
 
@@ -257,11 +258,11 @@ def tiny_mars(tiny, tmp_path_factory):
 
 
 def test_a_mars_trained_gguf_exports_and_loads_in_transformers(tiny_mars, tmp_path):
-    """extras.checkpoints.hf export of the MARS checkpoint: transformers reads the directory with our logits and our token
+    """extras.checkpoints.export of the MARS checkpoint: transformers reads the directory with our logits and our token
     ids (digits split, bytes without a token dropped); <|mask|> keeps id 3, the file's <empty_output>."""
     ckpt = cli.load_checkpoint(str(tiny_mars / "mars.pt"))
     assert ckpt["hf"]["model_type"] == "llama" and ckpt["mars"]["B"] == 4
-    assert run_cli(["extras/checkpoints/hf.py", "export", tiny_mars / "mars.pt", tmp_path / "hf"]).returncode == 0
+    assert run_cli(["extras/checkpoints/export.py", tiny_mars / "mars.pt", tmp_path / "hf"]).returncode == 0
     model, tok = cli.model_from_checkpoint(ckpt)
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     ref_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
@@ -277,8 +278,8 @@ def test_a_mars_trained_gguf_exports_and_loads_in_transformers(tiny_mars, tmp_pa
 def test_http_answers_text_with_a_byte_without_a_token(tiny_mars):
     model, tok = cli.model_from_checkpoint(cli.load_checkpoint(str(tiny_mars / "mars.pt")))
     args = serve.get_args(["--port", "0", "--max_batch", "2"])
-    httpd = server.Server(serve.ServingEngine(model.eval(), tok.eot, tok.mask, 4, 2, 6, n_vocab=tok.n_vocab), tok,
-                          serve.Fixed(0.9), args)
+    httpd = server.Server(scheduler.ServingEngine(model.eval(), tok.eot, tok.mask, 4, 2, 6, n_vocab=tok.n_vocab), tok,
+                          scheduler.Fixed(0.9), args)
     httpd.start()
     try:
         client = openai.OpenAI(base_url=httpd.url + "/v1", api_key="none", max_retries=0, timeout=60)

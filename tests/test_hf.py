@@ -229,7 +229,7 @@ def test_sampler_never_emits_ids_without_a_token(dirs):
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_tokenizer_ids_equal_tokenizers(dirs, kind):
-    tok = tokenizer.Tokenizer.from_state(hf.read_checkpoint(dirs[kind])["tokenizer"])  # through a checkpoint's state
+    tok = cli.tokenizer_from_state(hf.read_checkpoint(dirs[kind])["tokenizer"])  # through a checkpoint's state
     ref = tokenizers.Tokenizer.from_file(str(dirs[kind] / "tokenizer.json"))
     strings = some_strings()
     assert len(strings) >= 1000
@@ -325,7 +325,7 @@ def assert_exported_equal(ckpt, out):
     back = hf.read_checkpoint(out)  # and the export reads back as it was (a row may have been added for <|pad|>)
     rows = max(model.config.vocab_size, tok.n_vocab + 1)
     assert back.get("mars") == ckpt.get("mars") and back["model_config"] == {**asdict(model.config), "vocab_size": rows}
-    again = tokenizer.Tokenizer.from_state(back["tokenizer"])
+    again = cli.tokenizer_from_state(back["tokenizer"])
     assert again.prompt_ids(CHATS[2]) == tok.prompt_ids(CHATS[2]) and again.n_vocab == tok.n_vocab
 
 
@@ -334,7 +334,7 @@ def test_export_toy_checkpoint_round_trip(tmp_path, qkv_bias, tie):
     ckpt = toy_checkpoint(qkv_bias, tie)
     path = tmp_path / "toy.pt"
     torch.save(ckpt, path)
-    proc = run_cli(["extras/checkpoints/hf.py", "export", path, tmp_path / "out"])
+    proc = run_cli(["extras/checkpoints/export.py", path, tmp_path / "out"])
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "out" / "config.json").read_text())["mars_block_size"] == 8
     assert_exported_equal(ckpt, tmp_path / "out")
@@ -380,7 +380,7 @@ def test_command_line_refusals(dirs, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(dirs["llama"], bad)
     (bad / "model.safetensors").write_bytes(b"")
-    proc = run_cli(["extras/checkpoints/hf.py", "export", bad, tmp_path / "out"])
+    proc = run_cli(["extras/checkpoints/export.py", bad, tmp_path / "out"])
     assert_one_line_error(proc)
     assert f"error: {bad}: model.safetensors: not a readable safetensors file" in proc.stderr
     with pytest.raises(UserError, match="give --prompt or --chat"):  # no held-out prompts of its own
@@ -505,11 +505,11 @@ def test_llama3_without_a_spare_row_takes_a_reserved_token_for_mask(dirs, tmp_pa
 
 
 def test_serving_engine_on_a_mars_release(dirs, tmp_path):
-    """serve.py's engine on a Hugging Face MARS directory: its answers are generate's (padding rows past the
+    """The serving scheduler's engine on a Hugging Face MARS directory: its answers are generate's (padding rows past the
     tokenizer banned in both), its KV cache is sized by --max_context, not the model's context, and the
     load experiment asks for --data, since such a model has no held-out prompts of ours."""
-    from extras.serving import serve
-    model, tok, B, ckpt = serve.load_mars(str(dirs["mars"]), "cpu")
+    from extras.serving import scheduler
+    model, tok, B, ckpt = scheduler.load_mars(str(dirs["mars"]), "cpu")
     prompts = [tok.prompt_ids(p) for p in ("Hello café", "日本語のテキスト", "12345 and 😀")]
     for tau in (1.0, 0.5):
         context = max(map(len, prompts)) + 12  # room for the answers, less than the model's 256
@@ -524,8 +524,8 @@ def test_serving_engine_on_a_mars_release(dirs, tmp_path):
         assert [r.tokens for r in requests] == [g.tokens for g in want]
         assert all(t < tok.n_vocab and t != tok.mask for r in requests for t in r.tokens)
     with pytest.raises(UserError, match="give --data"):
-        serve.prompts_for_load(ckpt, tok, 256, 2)
+        scheduler.prompts_for_load(ckpt, tok, 256, 2)
     path = tmp_path / "q.jsonl"
     path.write_text(json.dumps({"prompt": "What is 2 + 3?", "answer": "5"}) + "\n")
-    test, calib = serve.prompts_for_load(ckpt, tok, 256, 2, str(path))
+    test, calib = scheduler.prompts_for_load(ckpt, tok, 256, 2, str(path))
     assert test[0]["answer"] == "5" and len(calib) == 24

@@ -1,8 +1,9 @@
-"""The modules form layers and import downwards only. At the root, the method: model, mars, data,
-tokenizer at the bottom (they import none of ours), cli (checkpoints) on model and tokenizer, engine
-on model and mars, sample on engine and cli, config (train's command line) on cli, train on all of
-them but sample. extras/ sits above the root and may import any of it; the root never imports extras
-at module level (a function may, on the Hugging Face path). No import cycle.
+"""The modules form layers and import downwards only, counting imports inside functions too. At the root,
+the method: model, mars, data, tokenizer at the bottom (they import none of ours), cli (checkpoints) on
+model and tokenizer, engine on model, mars and cost, sample on engine and cli, config (train's command
+line) on cli, train on all of them but sample. extras/ sits above the root, in rooms (checkpoints, serving,
+bench, real), each importing what its __init__.py says; the root reaches extras at one seam only,
+cli.foreign(), which imports extras/checkpoints/foreign.py. No import cycle, lazy imports included.
 Read from the source with ast, so nothing is imported."""
 import ast
 
@@ -15,72 +16,127 @@ ALLOWED = {  # what each root module may import of the root, at module level or 
     "cost": set(),  # the step-cost model: the engine hands it its forward to time
     "engine": {"model", "mars", "cost"},
     "sample": BOTTOM | {"cli", "engine"},
-    "config": {"cli"},  # a real model's preset and names come from extras/, inside functions
+    "config": {"cli"},  # a real model's short names through cli.foreign()
     "train": BOTTOM | {"cli", "config", "engine"},
 }
+SEAM = ("cli", "foreign", "extras.checkpoints.foreign")  # the one root function that imports extras, and what
+ROOMS = {  # what each room of extras/ may import besides its own modules (the root: any root module)
+    "extras.checkpoints": {"model", "tokenizer", "data"},  # not cli: cli imports foreign.py
+    "extras.serving": {"root", "extras.bench"},
+    "extras.bench": {"root"},
+    "extras.real": {"root", "extras.bench"},
+}
+COMMANDS = {"extras.checkpoints.export": {"cli"}}  # a command line in a room cli imports; cli never imports it
 
 
-def imports(source, package=None):
-    """(module, at module level) for each import of ours in source: root modules by name, extras as
-    "extras.x". package: "extras" for a module inside it (relative imports)."""
-    found = []
+def module_name(path):
+    """extras/serving/server.py -> extras.serving.server; extras/bench/__init__.py -> extras.bench."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
-    def visit(node, top):
+
+def imports(source, name, known):
+    """{(module, where)} for each import of ours in source (where: None at module level, else the name of the
+    top-level function or class it sits in); `from package import module` names the module. name: the
+    importing module (for relative imports); known: every module name of the project."""
+    found = set()
+    package = name if (ROOT / name.replace(".", "/") / "__init__.py").exists() else name.rpartition(".")[0]
+
+    def ours(dotted):
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        return dotted
+
+    def visit(node, where):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.Import):
-                found.extend((a.name, top) for a in child.names)
+                found.update((ours(a.name), where) for a in child.names)
             elif isinstance(child, ast.ImportFrom):
-                base = package if child.level else child.module
-                if child.level and child.module:
-                    base += "." + child.module
-                found.extend((f"{base}.{a.name}" if base == "extras" else base, top) for a in child.names)
-            visit(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
-    visit(ast.parse(source), True)
-    ours = ALLOWED.keys() | {f"extras.{p.stem}" for p in (ROOT / "extras").glob("*.py")}
-    return {(name if name in ours else name.split(".")[0], top) for name, top in found} & \
-        {(name, top) for name in ours for top in (True, False)}
+                base = child.module or ""
+                if child.level:
+                    up = package.split(".")[:len(package.split(".")) - child.level + 1]
+                    base = ".".join(up + ([child.module] if child.module else []))
+                found.update((ours(f"{base}.{a.name}") or ours(base), where) for a in child.names)
+            inner = where or (child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                ast.ClassDef)) else None)
+            visit(child, inner)
+    visit(ast.parse(source), None)
+    return {(m, where) for m, where in found if m}
 
 
 def modules():
-    """Every module of the project: name -> its imports."""
-    found = {p.stem: imports(p.read_text()) for p in ROOT.glob("*.py")}
-    found.update({f"extras.{p.stem}": imports(p.read_text(), "extras") for p in (ROOT / "extras").glob("*.py")})
-    return found
+    """Every module of the project: name -> its imports of ours."""
+    paths = [*ROOT.glob("*.py"), *(ROOT / "extras").rglob("*.py")]
+    known = {module_name(p) for p in paths}
+    return {module_name(p): imports(p.read_text(), module_name(p), known) for p in paths}
+
+
+def room(name):
+    return ".".join(name.split(".")[:2]) if name.startswith("extras.") else None
 
 
 def problems(graph):
-    """What breaks the layering in graph (name -> {(imported, at module level)}): upward imports, then cycles."""
+    """What breaks the layering in graph (name -> {(imported, where)}): root modules importing up, the root
+    reaching extras anywhere but the seam, rooms importing what they may not, then cycles (lazy imports too)."""
     out = []
-    for name, found in graph.items():
-        for other, top in sorted(found):
+    for name, found in sorted(graph.items()):
+        for other, where in sorted(found, key=str):
             if name in ALLOWED and other in ALLOWED and other not in ALLOWED[name]:
                 out.append(f"{name}.py imports {other}")
-            if name in ALLOWED and other.startswith("extras") and top:
-                out.append(f"{name}.py imports {other} at module level")
-    edges = {name: {other for other, top in found if top} for name, found in graph.items()}
+            if name in ALLOWED and other.startswith("extras") and (name, where, other) != SEAM:
+                out.append(f"{name}.py imports {other} outside cli.foreign")
+            if room(name) and room(other) != room(name) and other not in COMMANDS.get(name, ()):
+                may = ROOMS.get(room(name), set())
+                if not (other in may or room(other) in may or ("root" in may and other in ALLOWED)):
+                    out.append(f"{name} imports {other}, which its room may not")
+    edges = {name: {other for other, _ in found} for name, found in graph.items()}
 
-    def reaches(a, b, seen=()):  # is there a path of module-level imports from a to b?
+    def reaches(a, b, seen=()):  # is there a path of imports from a to b?
         return any(n == b or (n not in seen and reaches(n, b, seen + (n,))) for n in edges.get(a, ()))
-    return out + [f"an import cycle through {name}" for name in edges if reaches(name, name)]
+    return out + [f"an import cycle through {name}" for name in sorted(edges) if reaches(name, name)]
 
 
 def test_the_root_holds_the_method_only():
     assert {p.stem for p in ROOT.glob("*.py")} <= ALLOWED.keys()
 
 
-def test_imports_point_down():
+def test_extras_is_rooms_each_saying_what_it_holds():
+    """No flat module in extras/, and each room's __init__.py is a docstring alone: what it holds and may import."""
+    assert [p.name for p in (ROOT / "extras").glob("*.py")] == ["__init__.py"]
+    rooms = {p.parent.name for p in (ROOT / "extras").glob("*/*.py")}
+    assert {f"extras.{r}" for r in rooms} == ROOMS.keys()
+    for r in rooms:
+        body = ast.parse((ROOT / "extras" / r / "__init__.py").read_text()).body
+        assert len(body) == 1 and isinstance(body[0].value, ast.Constant) and "import" in body[0].value.value, r
+
+
+def test_imports_point_down_and_the_root_reaches_extras_at_the_seam():
     graph = modules()
-    assert {"tokenizer", "extras.checkpoints.hf", "extras.checkpoints.hf_tokenizer"} <= graph.keys()
-    assert ("extras.checkpoints.hf_tokenizer", True) in graph["extras.checkpoints.hf"] and ("tokenizer", True) in graph["extras.checkpoints.hf_tokenizer"]
+    assert {"tokenizer", "extras.checkpoints.hf", "extras.serving.server", "extras.checkpoints.foreign"} <= graph.keys()
+    assert ("extras.checkpoints.hf_tokenizer", None) in graph["extras.checkpoints.hf"]
+    assert graph["cli"] >= {("extras.checkpoints.foreign", "foreign")}  # the seam, seen inside its function
+    assert ("extras.serving.scheduler", None) in graph["extras.serving.server"]
     assert problems(graph) == []
 
 
-def test_the_check_sees_upward_imports_and_cycles():
-    graph = {"model": imports("import mars\n"), "mars": set(),
-             "engine": imports("import model\ndef f():\n    from extras import serve\n"),
-             "tokenizer": imports("from extras.checkpoints.hf import export\n"),
-             "extras.checkpoints.hf": imports("from . import serve\nimport model\n", "extras"),
-             "extras.serving.serve": imports("import engine\nfrom extras.checkpoints.hf import x\n", "extras")}
-    assert graph["engine"] == {("model", True), ("extras.serving.serve", False)}
-    assert problems(graph) == ["model.py imports mars", "tokenizer.py imports extras.checkpoints.hf at module level",
-                               "an import cycle through extras.checkpoints.hf", "an import cycle through extras.serving.serve"]
+def test_the_check_sees_upward_imports_cycles_and_imports_past_the_seam():
+    known = {*ALLOWED, "extras.checkpoints", "extras.checkpoints.hf", "extras.checkpoints.foreign",
+             "extras.serving", "extras.serving.serve", "extras.serving.server"}
+    graph = {"model": imports("import mars\n", "model", known), "mars": set(),
+             "engine": imports("import model\ndef f():\n    from extras.serving import serve\n", "engine", known),
+             "cli": imports("def foreign():\n    from extras.checkpoints import foreign\n", "cli", known),
+             "tokenizer": imports("from extras.checkpoints.hf import export\n", "tokenizer", known),
+             "extras.checkpoints.foreign": imports("from . import hf\n", "extras.checkpoints.foreign", known),
+             "extras.checkpoints.hf": imports("import cli\nimport model\n", "extras.checkpoints.hf", known),
+             "extras.serving.serve": imports("from . import server\n", "extras.serving.serve", known),
+             "extras.serving.server": imports("def run():\n    from .serve import Served\n",
+                                              "extras.serving.server", known)}
+    assert graph["engine"] == {("model", None), ("extras.serving.serve", "f")}
+    assert graph["extras.serving.server"] == {("extras.serving.serve", "run")}  # a relative, lazy import
+    assert problems(graph) == [
+        "engine.py imports extras.serving.serve outside cli.foreign",
+        "extras.checkpoints.hf imports cli, which its room may not", "model.py imports mars",
+        "tokenizer.py imports extras.checkpoints.hf outside cli.foreign",
+        "an import cycle through cli", "an import cycle through extras.checkpoints.foreign",
+        "an import cycle through extras.checkpoints.hf",
+        "an import cycle through extras.serving.serve", "an import cycle through extras.serving.server"]

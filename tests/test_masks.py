@@ -154,7 +154,7 @@ def test_free_masks_are_the_fixed_mode(m, kw):
     fixed_kw = dict(kw, cache="sliding") if kw.get("cache") == "block" else kw
     for B, tau in ((4, 0.5), (8, 0.7), (4, 1.0)):
         fixed, auto = gen(m, B=B, tau=tau, **fixed_kw), gen(m, B=B, tau=tau, masks="auto", step_cost=FREE, **kw)
-        assert toks(auto) == toks(fixed) and [g.steps for g in auto] == [g.steps for g in fixed]
+        assert toks(auto) == toks(fixed) and [g.forwards for g in auto] == [g.forwards for g in fixed]
     with_cap = dict(B=4, tau=0.5, max_accept=2)
     assert toks(gen(m, masks="auto", step_cost=FREE, **with_cap, **kw)) == toks(gen(m, **with_cap, **fixed_kw))
 

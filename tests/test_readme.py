@@ -27,3 +27,15 @@ def test_readme_quotes_the_code(fn):
     quoted = [q for q in quotes if re.search(rf"^def {fn.__name__}\(", q, re.M)]
     assert quoted, f"the README quotes no def {fn.__name__}"
     assert quoted[0] == without_docstring(fn)
+
+
+def test_reading_order_counts_are_true():
+    """Every line count of the reading-order table is the file's, and sample.py's row names generate's lines."""
+    root = Path(__file__).resolve().parent.parent
+    rows = re.findall(r"^\| `([\w.]+)` \| (\d+) \| (.*) \|$", README, re.M)
+    assert {"cli.py", "mars.py", "model.py", "sample.py", "train.py"} <= {name for name, _, _ in rows}
+    for name, lines, _ in rows:
+        assert int(lines) == len((root / name).read_text().splitlines()), name
+    src, start = inspect.getsourcelines(sample.generate)
+    first = start + 1 if src[0].startswith("@") else start  # from the def line
+    assert f"`generate` (lines {first}-{start + len(src) - 1})" in README

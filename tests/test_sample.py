@@ -152,7 +152,7 @@ def check_block_cache(model, prompts, tau, B_cache, eot, mask, max_new_tokens=N)
             gens = engine.generate_batch(model, batch, eot, mask, B=4, tau=tau, cache="block", B_cache=B_cache,
                                    max_new_tokens=max_new_tokens)
             assert [g.chunks for g in gens] == [c for c, _ in ref[i:i + batch_size]], (batch_size, i)
-            assert [g.steps for g in gens] == official_forwards([n for _, n in ref[i:i + batch_size]])
+            assert [g.forwards for g in gens] == official_forwards([n for _, n in ref[i:i + batch_size]])
     return [c for c, _ in ref]
 
 
@@ -206,7 +206,7 @@ def test_trace(m, kw):
     assert [e["step"] for e in trace] == sorted(e["step"] for e in trace)
     for i, (p, g) in enumerate(zip(PROMPTS, gens)):
         rows = [e for e in trace if e["row"] == i]
-        assert len(rows) == g.steps
+        assert len(rows) == g.forwards
         committed = sum((e["committed"] for e in rows), [])
         assert committed[:len(g.tokens)] == g.tokens
         ids = list(p)
@@ -325,7 +325,7 @@ def test_official_tokens_per_forward_counter(m):
     trace = []
     gens = gen(m, B=4, tau=0.5, trace=trace)
     forwards = len({e["step"] for e in trace})  # the batch's forwards, each counted once
-    assert len({g.steps for g in gens}) > 1  # rows leave at different forwards; the batch runs on
+    assert len({g.forwards for g in gens}) > 1  # rows leave at different forwards; the batch runs on
     for i, g in enumerate(gens):  # accepted = what mars.accept took at each of the row's forwards
         confs = [e["conf"] for e in trace if e["row"] == i]
         n = [mars.accept(torch.tensor([c]), 0.5).item() for c in confs]
@@ -335,7 +335,7 @@ def test_official_tokens_per_forward_counter(m):
     block = gen(m, B=4, tau=0.5, cache="block", B_cache=6, trace=block_trace)
     assert official_tpf([block]) == sum(g.accepted for g in block) / len({e["step"] for e in block_trace})
     alone = [gen(m, [p], B=4, tau=0.5) for p in PROMPTS]
-    assert official_tpf(alone) == sum(g[0].accepted for g in alone) / sum(g[0].steps for g in alone)
+    assert official_tpf(alone) == sum(g[0].accepted for g in alone) / sum(g[0].forwards for g in alone)
     # past <|endoftext|>: pretend a token inside a multi-token chunk is the end; the rest of that chunk counts
     full = gen(m, [PROMPTS[1]], B=4, tau=0.3)[0]
     ends = [sum(map(len, full.chunks[:k + 1])) for k in range(len(full.chunks))]  # chunk k ends before ends[k]
@@ -457,7 +457,7 @@ def test_trained_checkpoint_lossless_equals_ar_in_float32(tiny_run, splits):
     for B in (4, 8):
         gens = engine.generate_batch(model, prompts, tok.eot, tok.mask, B=B, lossless=True)
         assert toks(gens) == ar, B
-        assert sum(len(g.tokens) for g in gens) > sum(g.steps for g in gens)  # some drafts were accepted
+        assert sum(len(g.tokens) for g in gens) > sum(g.forwards for g in gens)  # some drafts were accepted
 
 
 # ---------------------------------------------------------------------------
@@ -469,7 +469,7 @@ def test_readable_loop_equals_engine(m, tau):
         out, chunks = sample.generate(m, p, EOT, MASK, B=4, tau=tau, max_new_tokens=N)
         g = engine.generate_batch(m, [p], EOT, MASK, B=4, tau=tau, max_new_tokens=N)[0]
         assert (out, chunks) == (g.tokens, g.chunks)  # the same tokens, committed in the same forwards
-        assert len(chunks) == g.steps
+        assert len(chunks) == g.forwards
 
 
 def test_padding_rows_are_never_output(m):
@@ -497,7 +497,7 @@ def test_trained_checkpoint_readable_loop_equals_engine(tiny_run, splits):
             p = tok.prompt_ids(e["prompt"])
             out, chunks = sample.generate(model, p, tok.eot, tok.mask, B, tau, n_vocab=tok.n_vocab)
             g = engine.generate_batch(model, [p], tok.eot, tok.mask, B=B, tau=tau, n_vocab=tok.n_vocab)[0]
-            assert (out, chunks, len(chunks)) == (g.tokens, g.chunks, g.steps), (tau, e["prompt"])
+            assert (out, chunks, len(chunks)) == (g.tokens, g.chunks, g.forwards), (tau, e["prompt"])
             multi += any(len(c) > 1 for c in chunks)
     assert multi > 0  # several tokens per forward did happen
 

@@ -58,7 +58,7 @@ def test_threshold_one_equals_ar(tiny_run):
     args = ["--ckpt", tiny_run / "mars.pt", "--json", "--num_prompts", "6"]
     mars_rows = json_lines(sample(*args, "--threshold", "1.0", "--batch_size", "4"))
     ar_rows = json_lines(sample(*args, "--ar"))
-    lossless_rows = json_lines(sample(*args, "--lossless", "--block_size", "3"))
+    lossless_rows = json_lines(sample(*args, "--lossless", "--B", "3"))
     assert len(mars_rows) == len(ar_rows) == 6
     assert [r["text"] for r in mars_rows] == [r["text"] for r in ar_rows] == [r["text"] for r in lossless_rows]
     assert [r["prompt"] for r in mars_rows] == [r["prompt"] for r in ar_rows]
@@ -68,18 +68,24 @@ def test_threshold_one_equals_ar(tiny_run):
 def test_batch_one_runs_the_papers_loop(tiny_run, monkeypatch):
     """At batch 1, greedy, with the sliding cache and the prob rule, sample.py decodes with sample.generate (the loop
     the README quotes), one call per prompt, and prints what the engine prints for the same prompts: the same ids,
-    chunks and forwards. Batches and the other caches go to the engine."""
+    chunks and forwards. Batches and the other caches go to the engine, and every output says which decoded and why."""
     calls, generate = [], sample_py.generate
     monkeypatch.setattr(sample_py, "generate", lambda *a, **kw: calls.append(a) or generate(*a, **kw))
-    timeless = lambda rows: [{k: v for k, v in r.items() if k not in ("seconds", "tokens_per_second")} for r in rows]
+    dropped = ("seconds", "tokens_per_second", "decoder", "why")
+    timeless = lambda rows: [{k: v for k, v in r.items() if k not in dropped} for r in rows]
     for flags in (["--threshold", "0.5"], ["--threshold", "1.0"], ["--ar"]):
         args = ["--ckpt", tiny_run / "mars.pt", "--json", "--num_prompts", "6", *flags]
         calls.clear()
         loop = json_lines(sample(*args))
-        assert len(calls) == 6, flags
+        assert len(calls) == 6 and {r["decoder"] for r in loop} == {"paper loop"}, flags
         for engine_flags in (["--batch_size", "2"], ["--cache", "none"]):
-            assert timeless(json_lines(sample(*args, *engine_flags))) == timeless(loop), (flags, engine_flags)
+            rows = json_lines(sample(*args, *engine_flags))
+            assert timeless(rows) == timeless(loop), (flags, engine_flags)
+            assert {(r["decoder"], r["why"]) for r in rows} == {("engine", f"sample.generate does not take "
+                                                                  f"{' '.join(engine_flags)}")}
         assert len(calls) == 6  # the engine decoded those
+    text = sample("--ckpt", tiny_run / "mars.pt", "--num_prompts", "1", "--batch_size", "2", "--lossless").stdout
+    assert text.startswith("decoder: engine (sample.generate does not take --batch_size 2, --lossless)\n")
     assert loop[0]["forwards"] == loop[0]["tokens"] == len(loop[0]["chunks"])  # --ar: one token per forward
 
 
@@ -96,7 +102,7 @@ def test_masks_auto_runs_on_the_engine(tiny_run, monkeypatch):
 
 
 @pytest.mark.parametrize("args", [
-    ["--threshold", "0"], ["--threshold", "1.5"], ["--threshold", "abc"], ["--block_size", "0"],
+    ["--threshold", "0"], ["--threshold", "1.5"], ["--threshold", "abc"], ["--B", "0"],
     ["--batch_size", "0"], ["--B_cache", "0"], ["--temperature", "-1"], ["--ar", "--lossless"], ["--metric", "nope"],
     ["--masks", "some"],
 ], ids=lambda a: " ".join(a))

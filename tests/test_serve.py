@@ -1,5 +1,6 @@
-"""extras.serving.serve on its ServingEngine: the engine decodes each request as it decodes it alone, tau = 1.0
-rows carry no masks, cancelled requests leave, the adaptive policy's hysteresis, and the command end to end."""
+"""extras.serving.scheduler's ServingEngine and the command extras.serving.serve: the engine decodes each request
+as it decodes it alone, tau = 1.0 rows carry no masks, cancelled requests leave, the adaptive policy's
+hysteresis, and the command end to end."""
 import json
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 import cli
 import cost
 from engine import generate_batch
-from extras.serving import serve
+from extras.serving import scheduler
 from conftest import EOT, MASK, assert_one_line_error, random_model, random_prompts, run_cli
 
 
@@ -28,8 +29,8 @@ def serve_all(engine, requests, joins):
 
 
 def check_against_generate(model, prompts, taus, joins, eot, mask, B=4, max_batch=3, max_new_tokens=20):
-    engine = serve.ServingEngine(model, eot, mask, B, max_batch, max_new_tokens)
-    requests = [serve.Timed(p, arrival=j, tau=t) for p, t, j in zip(prompts, taus, joins)]
+    engine = scheduler.ServingEngine(model, eot, mask, B, max_batch, max_new_tokens)
+    requests = [scheduler.Timed(p, arrival=j, tau=t) for p, t, j in zip(prompts, taus, joins)]
     shapes = serve_all(engine, requests, joins)
     batches = [b for b, _ in shapes]
     assert max(batches) == max_batch and len(set(batches)) > 1  # rows really joined and left mid-flight
@@ -37,7 +38,7 @@ def check_against_generate(model, prompts, taus, joins, eot, mask, B=4, max_batc
     for r in requests:
         alone = generate_batch(model, [r.prompt], eot, mask, B=B, tau=r.tau, max_new_tokens=max_new_tokens)[0]
         assert r.tokens == alone.tokens, (r.tau, len(r.prompt))
-        assert r.steps == alone.steps and r.tau_sum == pytest.approx(r.tau * r.steps)
+        assert r.forwards == alone.forwards and r.tau_sum == pytest.approx(r.tau * r.forwards)
 
 
 def test_engine_equals_generate_alone_random_model():
@@ -61,8 +62,8 @@ def test_tau_one_rows_carry_no_masks():
     model, prompts = random_model(), random_prompts([5, 8, 3, 11])
     shapes, outputs = {}, {}
     for name, B, tau in [("ar", 1, 1.0), ("tau=1.0", 4, 1.0), ("tau=0.5", 4, 0.5)]:
-        requests = [serve.Timed(p, arrival=0, tau=tau) for p in prompts]
-        shapes[name] = serve_all(serve.ServingEngine(model, EOT, MASK, B, 4, 12), requests, [0] * 4)
+        requests = [scheduler.Timed(p, arrival=0, tau=tau) for p in prompts]
+        shapes[name] = serve_all(scheduler.ServingEngine(model, EOT, MASK, B, 4, 12), requests, [0] * 4)
         outputs[name] = [r.tokens for r in requests]
     assert shapes["ar"] == shapes["tau=1.0"] and outputs["ar"] == outputs["tau=1.0"]
     assert shapes["tau=1.0"][0] == (4, 11) and {w for _, w in shapes["tau=1.0"][1:]} == {1}
@@ -72,8 +73,8 @@ def test_tau_one_rows_carry_no_masks():
 
 def test_tau_is_read_at_every_step():
     model, prompts = random_model(), random_prompts([6, 6])
-    engine = serve.ServingEngine(model, EOT, MASK, 4, 2, 30)
-    requests = [serve.Timed(p, arrival=0, tau=0.5) for p in prompts]
+    engine = scheduler.ServingEngine(model, EOT, MASK, 4, 2, 30)
+    requests = [scheduler.Timed(p, arrival=0, tau=0.5) for p in prompts]
     engine.waiting.extend(requests)
     widths = []
     for step in range(6):
@@ -81,12 +82,12 @@ def test_tau_is_read_at_every_step():
             requests[0].tau = requests[1].tau = 1.0  # a policy lowers the load mid-request
         widths.append(engine.step()[2])
     assert min(widths[1:3]) >= 4 and widths[3:] == [1, 1, 1]
-    assert max(r.steps for r in requests) == 6  # one ran all six: 0.75 is the mean tau a server reports for it
-    assert [r.tau_sum for r in requests] == [0.5 * min(r.steps, 3) + 1.0 * max(r.steps - 3, 0) for r in requests]
+    assert max(r.forwards for r in requests) == 6  # one ran all six: 0.75 is the mean tau a server reports for it
+    assert [r.tau_sum for r in requests] == [0.5 * min(r.forwards, 3) + 1.0 * max(r.forwards - 3, 0) for r in requests]
 
 
 def test_adaptive_hysteresis():
-    policy = serve.Adaptive(ladder=(1.0, 0.99, 0.95, 0.9))
+    policy = scheduler.Adaptive(ladder=(1.0, 0.99, 0.95, 0.9))
     light = [policy(0.4) for _ in range(200)]
     heavy = [policy(3.0) for _ in range(200)]
     back = [policy(0.2) for _ in range(300)]
@@ -100,15 +101,15 @@ def test_adaptive_hysteresis():
 
 def test_make_trace_phases():
     examples = [{"prompt": str(i)} for i in range(50)]
-    trace = serve.make_trace(examples, [("light", 20.0, 5.0), ("overload", 60.0, 5.0)], seed=3)
-    assert trace == serve.make_trace(examples, [("light", 20.0, 5.0), ("overload", 60.0, 5.0)], seed=3)
+    trace = scheduler.make_trace(examples, [("light", 20.0, 5.0), ("overload", 60.0, 5.0)], seed=3)
+    assert trace == scheduler.make_trace(examples, [("light", 20.0, 5.0), ("overload", 60.0, 5.0)], seed=3)
     times = [t for t, _ in trace]
     assert times == sorted(times) and 0 < times[0] and times[-1] < 10
     light, overload = sum(t < 5 for t in times), sum(t >= 5 for t in times)
     assert 60 < light < 140 and 240 < overload < 360  # Poisson counts around 100 and 300
     assert {e["prompt"] for _, e in trace[:50]} == {str(i) for i in range(50)}  # each prompt once before reuse
     # the sweep's traces: one seed, three times the rate = the same requests, three times closer together
-    slow, fast = (serve.make_trace(examples, [("sweep", rate, 60.0 / rate)], seed=4) for rate in (10.0, 30.0))
+    slow, fast = (scheduler.make_trace(examples, [("sweep", rate, 60.0 / rate)], seed=4) for rate in (10.0, 30.0))
     assert [e for _, e in slow] == [e for _, e in fast]
     assert [t for t, _ in slow] == pytest.approx([3 * t for t, _ in fast])
 
@@ -169,12 +170,12 @@ def test_rejects_an_ar_checkpoint(tiny_run, tmp_path):
 
 def test_cache_is_copied_only_when_rows_change():
     """A step where no row joins or leaves must not touch the cache (it used to copy it twice per forward)."""
-    engine = serve.ServingEngine(random_model(), EOT, MASK, 4, 2, 8)
+    engine = scheduler.ServingEngine(random_model(), EOT, MASK, 4, 2, 8)
     calls = []
     for name in ("add_rows", "keep_rows"):
         method = getattr(engine.kv, name)
         setattr(engine.kv, name, lambda *a, method=method, name=name: (calls.append(name), method(*a))[1])
-    requests = [serve.Timed(p, arrival=0, tau=1.0) for p in random_prompts([5, 7])]
+    requests = [scheduler.Timed(p, arrival=0, tau=1.0) for p in random_prompts([5, 7])]
     engine.waiting.extend(requests)
     engine.step()
     assert calls == ["add_rows"]  # both rows joined in one call
@@ -189,8 +190,8 @@ def test_cache_is_copied_only_when_rows_change():
 
 def test_cancelled_requests_leave_before_the_next_forward():
     model = random_model()
-    engine = serve.ServingEngine(model, EOT, MASK, 4, 3, 30)
-    requests = [serve.Timed(p, arrival=0, tau=0.7) for p in random_prompts([4, 6, 9, 5])]
+    engine = scheduler.ServingEngine(model, EOT, MASK, 4, 3, 30)
+    requests = [scheduler.Timed(p, arrival=0, tau=0.7) for p in random_prompts([4, 6, 9, 5])]
     engine.waiting.extend(requests)
     engine.step()
     assert requests[1] in engine.running and requests[2] in engine.running and len(engine.waiting) == 1
@@ -198,7 +199,7 @@ def test_cancelled_requests_leave_before_the_next_forward():
     rest = [id(r) for r in engine.running if not r.cancelled]
     stepped, _, _ = engine.step()
     assert [id(r) for r in stepped] == rest and engine.kv.k.shape[1] == len(engine.running)
-    assert requests[3].steps == 0 and not engine.waiting and requests[1].steps == 1
+    assert requests[3].forwards == 0 and not engine.waiting and requests[1].forwards == 1
     serve_all(engine, [requests[2]], [-1])
     alone = generate_batch(model, [requests[2].prompt], EOT, MASK, B=4, tau=0.7, max_new_tokens=30)[0]
     assert requests[2].tokens == alone.tokens  # the others go on undisturbed
@@ -207,8 +208,8 @@ def test_cancelled_requests_leave_before_the_next_forward():
 def test_engine_lossless_equals_ar():
     """lossless rows run through the same step: AR's output, in fewer forwards, beside threshold rows."""
     model, prompts = random_model(), random_prompts([3, 9, 20, 6, 12])
-    engine = serve.ServingEngine(model, EOT, MASK, 4, 3, 24)
-    requests = [serve.Timed(p, arrival=0, lossless=i != 2, tau=0.5 if i == 2 else 1.0)
+    engine = scheduler.ServingEngine(model, EOT, MASK, 4, 3, 24)
+    requests = [scheduler.Timed(p, arrival=0, lossless=i != 2, tau=0.5 if i == 2 else 1.0)
                 for i, p in enumerate(prompts)]
     serve_all(engine, requests, [0, 0, 0, 1, 2])
     fewer = 0
@@ -216,7 +217,7 @@ def test_engine_lossless_equals_ar():
         ar = generate_batch(model, [r.prompt], EOT, MASK, B=1, max_new_tokens=24)[0]
         if r.lossless:
             assert r.tokens == ar.tokens
-            fewer += r.steps < ar.steps
+            fewer += r.forwards < ar.forwards
         else:
             assert r.tokens == generate_batch(model, [r.prompt], EOT, MASK, B=4, tau=0.5, max_new_tokens=24)[0].tokens
     assert fewer >= 2  # the drafts were really accepted

@@ -22,7 +22,7 @@ import pytest
 
 import cli
 import sample
-from extras.serving import serve, server
+from extras.serving import scheduler, serve, server
 from conftest import ONE_THREAD, ROOT, assert_one_line_error, run_cli
 
 MAX_NEW = 24
@@ -38,8 +38,8 @@ def loaded(tiny_run):
 def start(model, tok, B, *flags, max_batch=4, policy=None):
     """A server on a free port, served from a thread; stop() ends it."""
     args = serve.get_args(["--port", "0", "--max_batch", str(max_batch), *flags])
-    engine = serve.ServingEngine(model, tok.eot, tok.mask, B, max_batch, MAX_NEW, n_vocab=tok.n_vocab, masks=args.masks)
-    httpd = server.Server(engine, tok, policy or serve.Fixed(0.9), args)
+    engine = scheduler.ServingEngine(model, tok.eot, tok.mask, B, max_batch, MAX_NEW, n_vocab=tok.n_vocab, masks=args.masks)
+    httpd = server.Server(engine, tok, policy or scheduler.Fixed(0.9), args)
     httpd.start()
     return httpd
 
@@ -274,7 +274,7 @@ def test_idle_and_half_sent_connections_are_closed_and_block_nobody(loaded, prom
             s.close()
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         if hard != resource.RLIM_INFINITY:  # a server that could not hold its connections does not start
-            with pytest.raises(serve.UserError, match="open files"):
+            with pytest.raises(cli.UserError, match="open files"):
                 start(*loaded, "--max_connections", str(hard + 1))
     finally:
         httpd.stop()
@@ -454,13 +454,13 @@ def test_limits_in_help_and_a_bad_port_in_one_line(loaded, capsys):
     assert f"over {server.MAX_BODY >> 20} MiB gets 413" in text and f"up to {server.BACKLOG} connections" in text
     assert_one_line_error(run_cli(["extras/serving/serve.py", "--http", "--port", "99999"]))
     taken = socket.create_server(("127.0.0.1", 0))
-    with pytest.raises(serve.UserError, match="cannot listen on 127.0.0.1"):
+    with pytest.raises(cli.UserError, match="cannot listen on 127.0.0.1"):
         start(*loaded, "--port", str(taken.getsockname()[1]))  # --port comes last: it wins
     taken.close()
 
 
 def test_adaptive_server_says_the_tau_it_chose(loaded, prompts):
-    httpd = start(*loaded, policy=serve.Adaptive(ladder=(0.8, 0.6)))  # light load: the first rung
+    httpd = start(*loaded, policy=scheduler.Adaptive(ladder=(0.8, 0.6)))  # light load: the first rung
     try:
         client = openai.OpenAI(base_url=httpd.url + "/v1", api_key="none", max_retries=0, timeout=60)
         text, usage, _ = ask(client, prompts[0])

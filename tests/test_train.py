@@ -119,7 +119,7 @@ def test_stage_ar_then_mars(tmp_path):
     assert ar["train_config"]["n_layer"] == 2 and ar["model_config"]["max_seq_len"] == 64
     assert not (d / "mars.pt").exists()
 
-    proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--init_from", d / "ar.pt", "--block_size", "3",
+    proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--init_from", d / "ar.pt", "--B", "3",
                     "--ar_weight", "0.5", "--out_dir", d])
     assert proc.returncode == 0, proc.stderr
     ckpt = assert_checkpoint(d / "mars.pt", "mars")
@@ -294,7 +294,7 @@ def test_control_and_ablation_stages(tmp_path):
     ckpt = torch.load(d / "m" / "mars.pt", weights_only=True)
     torch.save({**ckpt, "done": False}, d / "m" / "mars.pt")
     proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--mars_iters", "7", "--out_dir", d / "m",
-                    "--resume", "--block_size", "8"])
+                    "--resume", "--B", "8"])
     assert_one_line_error(proc)
     assert "B 4 -> 8" in proc.stderr
 

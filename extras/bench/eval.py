@@ -94,7 +94,7 @@ def official_tpf(batches):
     <|endoftext|>; at batch b it is about b times ours."""
     accepted = sum(g.accepted for gens in batches for g in gens)
     # a batch's forwards: every request takes part from the first, and the batch runs until the last one leaves
-    return accepted / max(sum(max(g.steps for g in gens) for gens in batches if gens), 1)
+    return accepted / max(sum(max(g.forwards for g in gens) for gens in batches if gens), 1)
 
 
 def score(model, tok, examples, batch_size=64, **decode):
@@ -102,7 +102,7 @@ def score(model, tok, examples, batch_size=64, **decode):
     per answer length; "correct" (one 0/1 per example, in order) and "outputs" (the generated ids) for pairing.
 
     tokens_per_forward (ours): output tokens (through the first <|endoftext|>) summed over the prompts,
-    divided by the forwards each prompt's row took part in (Request.steps: the block cache's waits and
+    divided by the forwards each prompt's row took part in (Request.forwards: the block cache's waits and
     writes included), summed over the prompts. It does not depend on the batch size for the sliding cache
     and no cache (a row's forwards are its own), and it is defined for any subset of the prompts.
     tokens_per_forward_official: the official samplers' counter (official_tpf) at this batch size:
@@ -114,7 +114,7 @@ def score(model, tok, examples, batch_size=64, **decode):
     `decode` goes to engine.generate_batch (B, tau, cache, lossless, metric, ...)."""
     done = list(decode_examples(model, tok, examples, batch_size, **decode))
     correct = [int(ok) for _, _, ok in done]
-    outputs, forwards = [g.tokens for _, g, _ in done], [g.steps for _, g, _ in done]
+    outputs, forwards = [g.tokens for _, g, _ in done], [g.forwards for _, g, _ in done]
     tokens = [len(t) for t in outputs]
     batches = [[g for _, g, _ in done[i:i + batch_size]] for i in range(0, len(done), batch_size)]
 
@@ -175,7 +175,7 @@ def against_ar(ar, x, prompts, batch_size, repeats):
             for k, (m, t, decode) in enumerate((ar, x)):
                 gens = generate_batch(m, ids[k][i:i + batch_size], t.eot, t.mask, **decode)
                 tokens[k] += sum(len(g.tokens) for g in gens)
-                forwards[k] += sum(g.steps for g in gens)
+                forwards[k] += sum(g.forwards for g in gens)
                 seconds[k] += gens[0].seconds
                 batches[k].append(gens)
         if r > 0:

@@ -34,9 +34,10 @@ QUALITY_BATCH = 64  # AR's and fixed's accuracy passes: their outputs are the sa
 def get_args(argv=None):
     p = Parser(__doc__)
     p.add_argument("--ckpt", default="out/mars.pt", help="checkpoint (default out/mars.pt); a real model too, e.g. "
-                   "smollm2 (an AR model: its masks are untrained, give --block_size)")
+                   "smollm2 (an AR model: its masks are untrained, give --B)")
     p.add_argument("--out", default="docs/masks_cpu.json", help="the JSON written (default docs/masks_cpu.json)")
-    p.add_argument("--block_size", type=int, default=None, help="B (default: the checkpoint's; 4 for an AR one)")
+    p.add_argument("--B", type=int, default=None,
+                   help="the paper's block size B (default: the checkpoint's; 4 for an AR one)")
     p.add_argument("--batch_sizes", type=int, nargs="+", default=None,
                    help="default 1 4 16 32; 1 8 for a checkpoint not trained here")
     p.add_argument("--caches", nargs="+", choices=[c for c in CACHE_MODES if c != "none"], default=["sliding", "block"],
@@ -54,7 +55,7 @@ def get_args(argv=None):
                    "(default: the built-in task set's held-out prompts)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
     args = p.parse_args(argv)
-    for name in ("block_size", "B_cache", "timing_prompts", "rounds", "max_new_tokens"):
+    for name in ("B", "B_cache", "timing_prompts", "rounds", "max_new_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
     if min(args.batch_sizes or [1]) < 1 or (args.accuracy_prompts or 0) < 0:
@@ -67,7 +68,7 @@ def setup(args):
     ckpt = load_checkpoint(args.ckpt, args.device)
     model, tok = model_from_checkpoint(ckpt, args.device)
     ours = "train_config" in ckpt
-    B = args.block_size or (ckpt["mars"]["B"] if "mars" in ckpt else 4)
+    B = args.B or (ckpt["mars"]["B"] if "mars" in ckpt else 4)
     if args.data:
         examples = data.read_jsonl(args.data)
     elif ours:
@@ -101,7 +102,7 @@ def timed_pass(model, tok, prompts, batch_size, max_new_tokens, **decode):
         gens = generate_batch(model, prompts[i:i + batch_size], tok.eot, tok.mask, max_new_tokens=max_new_tokens,
                               n_vocab=tok.n_vocab, **decode)
         tokens += sum(len(g.tokens) for g in gens)
-        forwards += sum(g.steps for g in gens)
+        forwards += sum(g.forwards for g in gens)
         seconds += gens[0].seconds
     return tokens, forwards, seconds
 
@@ -204,7 +205,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     model, tok, B, examples, note = setup(args)
     if B < 2:
-        raise UserError("MARS needs B >= 2: give --block_size")
+        raise UserError("MARS needs B >= 2: give --B")
 
     def progress(line):
         print(f"[{time.perf_counter() - t0:5.0f}s] {line}", file=sys.stderr, flush=True)

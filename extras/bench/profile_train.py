@@ -120,7 +120,8 @@ def per_forward(T=48, B=4, head_dim=64, reps=200):
 
 def get_args(argv=None):
     p = Parser(__doc__)
-    p.add_argument("--preset", choices=config.PRESETS, default="cpu", help="the preset to measure (default cpu)")
+    toy = [k for k in config.PRESETS if k != "hf"]  # hf fine-tunes a real model on the user's data
+    p.add_argument("--preset", choices=toy, default="cpu", help="the preset to measure (default cpu)")
     p.add_argument("--steps", type=int, default=6, help="timed steps per stage and setting (default 6)")
     p.add_argument("--batches", type=int, default=1000, help="batches counted per padding row (default 1000)")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads to time (default 1 2)")
@@ -160,7 +161,7 @@ def main(argv=None):
     note = (f"load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores: "
             "where it exceeds the threads used, other jobs shared the cores and the times are slower and noisier "
             "than on an idle machine; compare rows of one file")
-    common = {"command": command, "machine": where, "batch_size": targs.batch_size, "B": targs.block_size,
+    common = {"command": command, "machine": where, "batch_size": targs.batch_size, "B": targs.B,
               "train_seqs": {name: len(s.seqs) for name, s in stages.items()}, "tokenizer": tok.n_vocab}
     with open(os.path.join(args.out_dir, f"padding_{args.preset}.json"), "w") as f:
         json.dump({**common, "what": "fractions of the positions fed to the model: padding (no token of a row) "

@@ -2,7 +2,7 @@
 releases among them, as checkpoints of this project, and ours as directories that
 transformers (or any AR stack) loads as Qwen2ForCausalLM or LlamaForCausalLM.
 
-    python -m extras.checkpoints.hf export out/mars.pt hf_out      # then AutoModelForCausalLM.from_pretrained("hf_out")
+    python -m extras.checkpoints.export out/mars.pt hf_out      # export(): then AutoModelForCausalLM.from_pretrained("hf_out")
 
 In: config.json -> GPTConfig; *.safetensors (one file, or shards listed in
 model.safetensors.index.json) -> our parameter names; tokenizer.json,
@@ -22,10 +22,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from cli import Parser, run_cli
-from extras.checkpoints.hf_tokenizer import PAD, ChatTemplateError, from_hf, to_hf
+from extras.checkpoints.hf_tokenizer import PAD, ChatTemplateError, from_hf, to_hf, tokenizer_from_state
 from model import GPT, GPTConfig
-from tokenizer import Tokenizer
 
 MODEL_TYPES = ("qwen2", "llama", "a2d-qwen2")
 INDEX = "model.safetensors.index.json"
@@ -227,7 +225,7 @@ def export(ckpt, out_dir):
     tokenizer.json and tokenizer_config.json (chat template, <|mask|> an added special token). Its pad
     token is <|pad|>, on the first row past the tokenizer (added when there is none): a stack that drops
     pad ids from attention must not drop a token of the prompt."""
-    config, tok = GPTConfig(**ckpt["model_config"]), Tokenizer.from_state(ckpt["tokenizer"])
+    config, tok = GPTConfig(**ckpt["model_config"]), tokenizer_from_state(ckpt["tokenizer"])
     pad = tok.specials.get(PAD, tok.n_vocab)
     weights = {k: v.detach().to("cpu") for k, v in ckpt["model"].items()}
     if pad >= config.vocab_size:  # a zero row: its embedding is never attended, its logit stays 0
@@ -261,36 +259,3 @@ def export(ckpt, out_dir):
     for name, obj in files.items():
         with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
             json.dump(obj, f, ensure_ascii=False, indent=1)
-
-
-def load_any(path):
-    """A checkpoint dict from one of our .pt files, a Hugging Face directory or a GGUF file (or short name)."""
-    from extras.checkpoints import gguf_file  # here, not at the top: it imports this module
-    try:
-        file = gguf_file.named_file(path)
-        if file or os.path.isdir(path):
-            return gguf_file.read_checkpoint(file) if file else read_checkpoint(path)
-    except (ValueError, OSError) as e:
-        raise type(e)(f"{path}: {e}") from None
-    if not os.path.isfile(path):
-        raise OSError(f"checkpoint not found: {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        assert isinstance(ckpt, dict) and {"model", "model_config", "tokenizer"} <= ckpt.keys()
-    except Exception:
-        raise ValueError(f"not a readable checkpoint of this project: {path}") from None
-    return ckpt
-
-
-def main(argv=None):
-    p = Parser(__doc__)
-    p.add_argument("command", choices=["export"])
-    p.add_argument("ckpt", help="our checkpoint (.pt), a Hugging Face directory, or a GGUF file (or smollm2)")
-    p.add_argument("out_dir", help="the Hugging Face directory to write")
-    args = p.parse_args(argv)
-    export(load_any(args.ckpt), args.out_dir)
-    print(f"wrote {args.out_dir}")
-
-
-if __name__ == "__main__":
-    run_cli(main)

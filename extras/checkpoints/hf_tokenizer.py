@@ -17,7 +17,7 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-from tokenizer import MAX_CHARS, Tokenizer
+from tokenizer import MAX_CHARS, TOY_TEMPLATE, Tokenizer
 
 # GPT-2's pattern: a ByteLevel pre-tokenizer with use_regex splits with it
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -273,6 +273,13 @@ def from_hf(tokenizer_json, tokenizer_config, chat_template=None, n_rows=None):
     if not template:
         raise ValueError("no chat template (tokenizer_config.json or chat_template.jinja): use an instruct model")
     return Tokenizer(pattern, ranks, specials, ordinary, forms[0] if forms else None, JinjaChat(template, variables))
+
+
+def tokenizer_from_state(state):
+    """Tokenizer.from_state with the state's own chat renderer: JinjaChat for a template other than the toy's."""
+    template = state.get("chat_template", TOY_TEMPLATE)
+    chat = None if template == TOY_TEMPLATE else JinjaChat(template, state.get("template_vars"))
+    return Tokenizer.from_state(state, chat)
 
 
 def to_hf(tok, pad):

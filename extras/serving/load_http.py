@@ -1,5 +1,6 @@
 """The load experiment over HTTP (python -m extras.serving.serve --http_load): the three-phase trace of
-extras/serving/serve.py sent to the server (extras/serving/server.py) by one real HTTP client per request, on the wall clock."""
+extras/serving/scheduler.py sent to the server (extras/serving/server.py) by one real HTTP client per request,
+on the wall clock."""
 import http.client
 import json
 import os
@@ -14,8 +15,8 @@ import numpy as np
 import data
 from cli import UserError
 from extras.bench.eval import machine
-from extras.serving.serve import (PHASES, Adaptive, Fixed, ServingEngine, WallClock, by_phase, calibrate, load_mars, make_trace,
-                          prompts_for_load)
+from extras.serving.scheduler import (PHASES, Adaptive, Fixed, ServingEngine, WallClock, by_phase, calibrate,
+                                      load_mars, make_trace, prompts_for_load)
 from extras.serving.report import goals, markdown
 from extras.serving.server import Server
 

@@ -2,7 +2,7 @@
 `python -m extras.serving.serve --http` (see --help); extras/serving/load_http.py sends it the load experiment.
 
 uvicorn speaks HTTP (h11) and Starlette routes. One engine thread owns the model and steps the engine
-(extras.serving.serve.ServingEngine) as the load experiment does; a request waits on an asyncio queue that the
+(extras.serving.scheduler.ServingEngine) as the load experiment does; a request waits on an asyncio queue that the
 thread feeds, one event per forward. The request schema (Chat) names any field we do not implement in a
 400; errors keep OpenAI's shape. Another site's page cannot drive the server (HostCheck, read_json, CORS
 only with --cors).
@@ -37,7 +37,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cli import UserError
-from extras.serving.serve import Served
+from extras.serving.scheduler import Served
 
 MAX_BODY = 1 << 20  # bytes of a request body; a longer one is read no further than 16x that, then 413
 BACKLOG = 2048  # connections the kernel queues before they are accepted: a burst of clients is never reset
@@ -144,9 +144,9 @@ async def events(job):
 
 
 def usage(job):
-    n, f = len(job.tokens), max(job.steps, 1)
+    n, f = len(job.tokens), max(job.forwards, 1)
     return {"prompt_tokens": len(job.prompt), "completion_tokens": n, "total_tokens": len(job.prompt) + n,
-            "forwards": job.steps, "tokens_per_forward": round(n / f, 6), "tau": round(job.tau_sum / f, 6)}
+            "forwards": job.forwards, "tokens_per_forward": round(n / f, 6), "tau": round(job.tau_sum / f, 6)}
 
 
 # ---------------------------------------------------------------------------

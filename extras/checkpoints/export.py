@@ -1,0 +1,22 @@
+"""One of our checkpoints (or any that cli.load_checkpoint reads) written as a Hugging Face directory that
+transformers loads as Qwen2ForCausalLM or LlamaForCausalLM (extras/checkpoints/hf.py: export):
+
+    python -m extras.checkpoints.export out/mars.pt hf_out      # then AutoModelForCausalLM.from_pretrained("hf_out")
+
+A command line, so it imports cli; cli never imports it.
+"""
+from cli import Parser, load_checkpoint, run_cli
+from extras.checkpoints.hf import export
+
+
+def main(argv=None):
+    p = Parser(__doc__)
+    p.add_argument("ckpt", help="our checkpoint (.pt), a Hugging Face directory, or a GGUF file (or smollm2)")
+    p.add_argument("out_dir", help="the Hugging Face directory to write")
+    args = p.parse_args(argv)
+    export(load_checkpoint(args.ckpt), args.out_dir)
+    print(f"wrote {args.out_dir}")
+
+
+if __name__ == "__main__":
+    run_cli(main)
