@@ -16,7 +16,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from cli import Parser, check_device, foreign
 
@@ -86,6 +85,9 @@ def get_args(argv=None):
                                                    "not the paper's 'w/o SFT loss' ablation: that is --no_sft)")
     g.add_argument("--no_sft", action="store_true", help="the paper's 'w/o SFT loss' ablation: no clean-stream loss, "
                                                          "each sequence's noisy loss weighted 1/t, t ~ U[0.001, 1)")
+    g.add_argument("--mask_row", choices=["own", "mean"], default="own", help="a real model's <|mask|> embedding "
+                   "row at the start of stage 2: own (the reused token's row, e.g. SmolLM2's <empty_output>) or mean "
+                   "(the mean of the embedding rows); the toy learns its row from scratch either way")
     g.add_argument("--block_offset", choices=["fixed", "random"], default="fixed", help="fixed: the paper's blocks, "
                    "at multiples of B (default); random: shifted by a random offset every step (an ablation)")
     g = p.add_argument_group("preset overrides (default: the preset's value)")
@@ -146,22 +148,25 @@ def stage2_flags(args):
 # The precision, measured: bf16 autocast is several times faster than float32 where the CPU or GPU has
 # native bf16, and 10-30x slower where it has not (e.g. AVX2 only), so the choice is timed, not assumed.
 
-def matmul_timer(model_config, device):
-    """time_run(rows, bf16): seconds of one forward and backward of the model's widest matmul (its MLP's
-    up-projection) on `rows` tokens, in float32 or under bf16 autocast, as a training step runs it."""
-    device = torch.device(device)  # ones, not randn: the values do not change a matmul's speed, nor the seeded RNG
-    w = torch.ones(model_config.intermediate_size, model_config.n_embd, device=device, requires_grad=True)
+def step_timer(model, seq_len, device):
+    """time_run(rows, bf16): seconds of one forward and backward of the model itself, as a training step runs
+    it, on `rows` tokens in sequences of up to seq_len, in float32 or under bf16 autocast. The whole step, not
+    one matmul: the gain of bf16 on a matmul can be far larger than on a step (norms, attention, softmax and
+    the optimizer stay in float32). The gradients it leaves are dropped; no weight changes."""
+    device = torch.device(device)  # zeros as tokens: the values do not change the speed, nor the seeded RNG
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None  # time the work, not its launch
 
     def time_run(rows, bf16):
-        x = torch.ones(rows, model_config.n_embd, device=device, requires_grad=True)
+        x = torch.zeros(max(1, rows // seq_len), min(rows, seq_len), dtype=torch.long, device=device)
         sync()
         t = time.perf_counter()
         with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
-            out = F.linear(x, w)
-        out.sum().backward()
+            loss = model(x).float().logsumexp(-1).mean()
+        loss.backward()
         sync()
-        return time.perf_counter() - t
+        seconds = time.perf_counter() - t
+        model.zero_grad(set_to_none=True)
+        return seconds
     return time_run
 
 
@@ -186,14 +191,14 @@ def decide(float32_s, bfloat16_s):
     return "bfloat16" if bfloat16_s <= BF16_MARGIN * float32_s else "float32"
 
 
-def choose_dtype(args, model_config, world, say):
-    """--dtype auto: times both precisions on the model's shapes at a step's token count (probe, on one CPU
-    thread) and trains in bf16 autocast only where it is clearly faster. Sets args.dtype and args.precision
+def choose_dtype(args, model, world, say):
+    """--dtype auto: times both precisions on a forward and backward of the model at a step's shapes (probe, on
+    one CPU thread) and trains in bf16 autocast only where it is clearly faster. Sets args.dtype and args.precision
     (the checkpoint's train_config and the stage log record both) and says why."""
     tokens = (args.micro_batch or args.batch_size // world) * args.max_seq_len
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the precisions differ per core; a second thread may wait on a core others hold
-    times = torch.tensor(probe(matmul_timer(model_config, args.device), tokens), device=args.device)
+    times = torch.tensor(probe(step_timer(model, args.max_seq_len, args.device), tokens), device=args.device)
     torch.set_num_threads(threads)
     if dist.is_initialized():  # every process trains in rank 0's choice
         dist.broadcast(times, 0)
@@ -202,8 +207,7 @@ def choose_dtype(args, model_config, world, say):
     where = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
              else f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
     reason = (f"bf16 autocast took {bf16 / fp32:.2f}x float32's time ({1e3 * bf16:.2f} against {1e3 * fp32:.2f} ms, "
-              f"forward and backward of the model's {model_config.n_embd} x {model_config.intermediate_size} MLP "
-              f"matmul on {int(rows)} tokens, {where}); bf16 needs {BF16_MARGIN}x or less")
+              f"a forward and backward of the model on {int(rows)} tokens, {where}); bf16 needs {BF16_MARGIN}x or less")
     args.precision = {"dtype": args.dtype, "reason": reason, "float32_ms": round(1e3 * fp32, 3),
                       "bfloat16_ms": round(1e3 * bf16, 3), "rows": int(rows), "device": where}
     say(f"precision: {args.dtype}: {reason} (--dtype forces either)")

@@ -363,7 +363,7 @@ def main(argv=None):
         state = resume_state.get(name)
         model, tok, splits, hf = start_stage(name, state, args, splits, say)
         if args.dtype == "auto":  # measured once, on the first stage's model and batch shape
-            choose_dtype(args, model.config, world, say)
+            choose_dtype(args, model, world, say)
         train(Stage(name, model, tok, splits, args, (rank, world), state, hf), cost_after(name, names, args, splits))
         if world > 1:  # the next stage reads the checkpoint rank 0 has just written
             dist.barrier()

@@ -9,6 +9,8 @@ path only; its recipe is config.PRESETS["hf"]:
 import math
 import os
 
+import torch
+
 import data
 from extras.checkpoints.gguf_file import SHORT_NAMES
 
@@ -28,6 +30,9 @@ def start_stage(name, state, args, splits, model_keys, load_checkpoint, model_fr
     if state is None and source.get("stage") not in ("ar", "hf"):
         raise ValueError("--init_from must be a stage-1 (ar) checkpoint, a Hugging Face model directory or a GGUF file")
     model, tok = model_from_checkpoint(source, args.device)
+    if name == "mars" and source.get("stage") == "hf" and args.mask_row == "mean":  # --mask_row, on the real model
+        with torch.no_grad():  # tied embeddings: the output row follows, and decoding never emits <|mask|>
+            model.wte.weight[tok.mask] = model.wte.weight[:tok.n_vocab].mean(0)
     limit = args.max_seq_len
     for k in model_keys:  # the architecture comes from the checkpoint
         setattr(args, k, source["model_config"][k])

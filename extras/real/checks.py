@@ -6,7 +6,7 @@ quality is scored without a judge.
     q = check_question(random.Random(0))  # {"task": "check", "kind", "prompt", "rule"}
     passes(q, "Gravity pulls things together.")
 
-Eight kinds, drawn in equal shares; the word lists come from extras.real.distill and data.py:
+Eight kinds, drawn in equal shares; the word lists come from extras/real/words.py:
   one_sentence   "... in one sentence."                 exactly one sentence, on one line
   three_tips     "... exactly three tips, numbered ..."  exactly three lines numbered 1, 2, 3
   haiku          "a haiku ... in three lines"            exactly three non-empty lines
@@ -17,6 +17,8 @@ Eight kinds, drawn in equal shares; the word lists come from extras.real.distill
   language       "What language is spoken in X?"          the country's main language appears
 """
 import re
+
+from extras.real import words as lists
 
 PLURALS = {
     "child": "children", "mouse": "mice", "goose": "geese", "tooth": "teeth", "foot": "feet", "man": "men",
@@ -82,16 +84,14 @@ PASSES = {
 
 
 def templates():
-    """kind -> (prompt template, the list its slot draws from, rule of an entry). Imported here, not at the top:
-    extras.real.distill, whose word lists these are, imports this module."""
-    from extras.real import distill
+    """kind -> (prompt template, the list its slot draws from, rule of an entry)."""
     return {
-        "one_sentence": ("Explain {} in one sentence.", distill.TOPICS, lambda w: {}),
-        "three_tips": ("Give exactly three tips for {}, as a numbered list.", distill.ACTIVITIES, lambda w: {}),
-        "haiku": ("Write a haiku about {}, in three lines.", distill.TOPICS, lambda w: {}),
-        "use_word": ("Write one sentence that uses the word \"{}\".", distill.NOUNS, lambda w: {"word": w}),
-        "no_repeat": ("Describe {} in a few words, with no word repeated.", distill.A_NOUN, lambda w: {}),
-        "under_20": ("Tell me about {} in under 20 words.", distill.TOPICS, lambda w: {}),
+        "one_sentence": ("Explain {} in one sentence.", lists.TOPICS, lambda w: {}),
+        "three_tips": ("Give exactly three tips for {}, as a numbered list.", lists.ACTIVITIES, lambda w: {}),
+        "haiku": ("Write a haiku about {}, in three lines.", lists.TOPICS, lambda w: {}),
+        "use_word": ("Write one sentence that uses the word \"{}\".", lists.NOUNS, lambda w: {"word": w}),
+        "no_repeat": ("Describe {} in a few words, with no word repeated.", lists.A_NOUN, lambda w: {}),
+        "under_20": ("Tell me about {} in under 20 words.", lists.TOPICS, lambda w: {}),
         "plural": ("What is the plural of \"{}\"?", sorted(PLURALS), lambda w: {"word": PLURALS[w]}),
         "language": ("What language is mostly spoken in {}?", sorted(LANGUAGES), lambda w: {"word": LANGUAGES[w]}),
     }
