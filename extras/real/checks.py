@@ -83,25 +83,23 @@ PASSES = {
 }
 
 
-def templates():
-    """kind -> (prompt template, the list its slot draws from, rule of an entry)."""
-    return {
-        "one_sentence": ("Explain {} in one sentence.", lists.TOPICS, lambda w: {}),
-        "three_tips": ("Give exactly three tips for {}, as a numbered list.", lists.ACTIVITIES, lambda w: {}),
-        "haiku": ("Write a haiku about {}, in three lines.", lists.TOPICS, lambda w: {}),
-        "use_word": ("Write one sentence that uses the word \"{}\".", lists.NOUNS, lambda w: {"word": w}),
-        "no_repeat": ("Describe {} in a few words, with no word repeated.", lists.A_NOUN, lambda w: {}),
-        "under_20": ("Tell me about {} in under 20 words.", lists.TOPICS, lambda w: {}),
-        "plural": ("What is the plural of \"{}\"?", sorted(PLURALS), lambda w: {"word": PLURALS[w]}),
-        "language": ("What language is mostly spoken in {}?", sorted(LANGUAGES), lambda w: {"word": LANGUAGES[w]}),
-    }
+# kind -> (prompt template, the list its slot draws from, the rule of an entry)
+TEMPLATES = {
+    "one_sentence": ("Explain {} in one sentence.", lists.TOPICS, lambda w: {}),
+    "three_tips": ("Give exactly three tips for {}, as a numbered list.", lists.ACTIVITIES, lambda w: {}),
+    "haiku": ("Write a haiku about {}, in three lines.", lists.TOPICS, lambda w: {}),
+    "use_word": ("Write one sentence that uses the word \"{}\".", lists.NOUNS, lambda w: {"word": w}),
+    "no_repeat": ("Describe {} in a few words, with no word repeated.", lists.A_NOUN, lambda w: {}),
+    "under_20": ("Tell me about {} in under 20 words.", lists.TOPICS, lambda w: {}),
+    "plural": ("What is the plural of \"{}\"?", sorted(PLURALS), lambda w: {"word": PLURALS[w]}),
+    "language": ("What language is mostly spoken in {}?", sorted(LANGUAGES), lambda w: {"word": LANGUAGES[w]}),
+}
 
 
 def check_question(rng):
     """One verifiable instruction: {"task": "check", "question", "prompt", "kind", "rule"}."""
-    table = templates()
-    kind = rng.choice(sorted(table))
-    template, entries, rule = table[kind]
+    kind = rng.choice(sorted(TEMPLATES))
+    template, entries, rule = TEMPLATES[kind]
     entry = rng.choice(entries)
     prompt = template.format(entry)
     return {"task": "check", "question": prompt, "prompt": prompt, "kind": kind, "rule": rule(entry)}

@@ -199,11 +199,11 @@ def distill(model, tok, prompts, path, batch, max_new_tokens):
 
 def row_stats(records, tok):
     """Lengths, in tokens, of the answers and of the training rows (the template's prompt, the answer, its end)."""
-    answers = [len(tok.example_ids(r["prompt"], r["response"])[0]) for r in records]
-    prompts = [tok.example_ids(r["prompt"], r["response"])[1] for r in records]
-    return {"n": len(records), "mean_row_tokens": round(sum(answers) / max(len(answers), 1), 1),
-            "max_row_tokens": max(answers, default=0),
-            "mean_answer_tokens": round(sum(a - p for a, p in zip(answers, prompts)) / max(len(answers), 1), 1)}
+    rows = [tok.example_ids(r["prompt"], r["response"]) for r in records]  # (ids, prompt length) per row
+    n = max(len(rows), 1)
+    return {"n": len(records), "mean_row_tokens": round(sum(len(ids) for ids, _ in rows) / n, 1),
+            "max_row_tokens": max((len(ids) for ids, _ in rows), default=0),
+            "mean_answer_tokens": round(sum(len(ids) - k for ids, k in rows) / n, 1)}
 
 
 def kind(record):

@@ -280,10 +280,10 @@ class Clock:
         self.t = now
 
 
-def control_rows(path, tok, examples, prompts, base_runs, args):
+def control_rows(ckpt, tok, examples, prompts, base_runs, args):
     """The AR control (train.py --stage control: the same data and schedule, the AR loss alone), scored as the
     base is: what any fine-tune of this length costs, MARS aside."""
-    model = model_from_checkpoint(load_checkpoint(path))[0].eval()
+    model = model_from_checkpoint(ckpt)[0].eval()
     runs = decode(model, tok, prompts, [AR], args)[name(AR)]
     return [{"decoder": "control AR", **scores(examples, base_runs, runs, tok),
              "ar_agreement": ar_agreement(model, tok, prompts, base_runs)}]
@@ -305,7 +305,8 @@ def main(argv=None):
     print(f"sweep: {len(prompts)} prompts, base AR, then MARS at {args.thresholds} and lossless", flush=True)
     base_runs = decode(base, tok, prompts, [AR], args)[name(AR)]
     clock.lap("base")
-    control = control_rows(args.control, tok, examples, prompts, base_runs, args) if args.control else []
+    control_ckpt = load_checkpoint(args.control) if args.control else None
+    control = control_rows(control_ckpt, tok, examples, prompts, base_runs, args) if control_ckpt else []
     clock.lap("control")
     runs = decode(mars_model, tok, prompts, [{"tau": t} for t in args.thresholds] + [LOSSLESS], args, B)
     agreement = ar_agreement(mars_model, tok, prompts, base_runs)
@@ -327,7 +328,7 @@ def main(argv=None):
     result = {"command": command, "machine": machine(), "base_model": args.base, "ckpt": args.ckpt,
               "control_ckpt": args.control, "B": B, "n": len(prompts), "max_new_tokens": args.max_new_tokens,
               "batch": args.batch, "train": training(ckpt),
-              "control_train": training(load_checkpoint(args.control)) if args.control else None, "fields": FIELDS,
+              "control_train": training(control_ckpt) if control_ckpt else None, "fields": FIELDS,
               "base": {"decoder": "base AR", **scores(examples, base_runs, base_runs, tok), "ar_agreement": 1.0},
               "control": control,
               "sweep": [{"decoder": f"MARS {k}", **scores(examples, base_runs, v, tok), "identical_to_mars_ar":
