@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import random
 import sys
+import time
 
 import gguf
 import numpy as np
@@ -394,7 +395,9 @@ def test_a_short_name_not_installed_says_how_to_install(monkeypatch):
 def parity_figures():
     """The tests' measurements on all of PROMPTS at WRITE_MAX_NEW tokens and on the 3,050 texts, and the strings
     transformers' own conversion of the file's tokenizer gets wrong."""
+    t0 = time.perf_counter()
     _, model, tok = load_smollm2()
+    load_seconds = round(time.perf_counter() - t0, 1)
     answers = greedy_answers(model, tok, PROMPTS, WRITE_MAX_NEW)
     rows = logit_parity(model, transformers_model(), answers)
     vocab, merges = file_vocab()
@@ -402,6 +405,7 @@ def parity_figures():
     original = original_ids(vocab, merges, texts)
     misses = [t for t, ids, want in zip(texts, transformers_conversion_ids(texts), original) if ids != want]
     return {
+        "load_seconds": load_seconds,
         "prompts": [{"prompt": p, "answer": tok.decode(out), "answer_tokens": len(out), "max_abs_logit_diff": worst,
                      "transformers_argmax_is_ours": same} for p, (_, out), (worst, same) in zip(PROMPTS, answers, rows)],
         "B4_equals_ar": decoders_equal_ar(model, tok, answers, WRITE_MAX_NEW),
