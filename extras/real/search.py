@@ -32,6 +32,7 @@ LEVERS = {
     "lr 2e-5, ar_weight 4": ["--mars_lr", "2e-5", "--ar_weight", "4"],
     "lr 2e-5, looping answers kept": ["--mars_lr", "2e-5", "--data", "{loops}"],
     "lr 2e-5, <|mask|> row = mean embedding": ["--mars_lr", "2e-5", "--mask_row", "mean"],
+    "lr 2e-5, warmup 75% of the steps": ["--mars_lr", "2e-5", "--warmup", "0.75"],
     "control (AR loss alone), lr 5e-6": ["--stage", "control", "--mars_lr", "5e-6"],
 }
 TAU = 0.9
