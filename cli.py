@@ -48,6 +48,17 @@ def threshold(text):
     return tau
 
 
+def default_device():
+    """cuda where torch finds a GPU, else cpu: what every tool's --device is when the flag is not given."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_device(parser):
+    """The --device flag of every command line that loads a model; load_checkpoint checks it (check_device)."""
+    parser.add_argument("--device", default=default_device(), help="cpu, cuda, cuda:1, ... (default cuda where a "
+                        "GPU is present, else cpu)")
+
+
 def check_device(device):
     """UserError unless torch can place tensors on this device here (e.g. cuda without a GPU)."""
     try:
