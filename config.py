@@ -41,7 +41,8 @@ PRESETS = {
     # batch_size and lr are the paper's, the reference hf_schedule scales from: on a few thousand rows, 384 a step
     # leaves a few dozen steps, which train almost nothing, so unless the flags say otherwise the batch follows
     # the data (rows // 50, within [16, 384]: at least ~50 steps an epoch), the steps have a floor of 200, and
-    # the lr is 5e-6 x sqrt(384 / batch), square-root scaling, the usual rule for Adam.
+    # the lr is 5e-6 x sqrt(batch / 384): square-root scaling, the usual rule for Adam (a batch k times smaller
+    # has gradients sqrt(k) times noisier, and the lr falls with them).
     "hf": dict(max_seq_len=512, batch_size=384, micro_batch=4, epochs=5, lr=5e-6, mars_lr=5e-6, warmup=0.03,
                weight_decay=0.0, betas=[0.9, 0.999], eval_every=500, save_every=500,
                summary_limit=200),
@@ -156,15 +157,15 @@ def hf_schedule(rows, epochs, given, multiple=1):
     """(batch, steps, peak lr, why) of one stage of the hf preset on `rows` training rows. given: what the command
     line set of "batch_size", "steps" and "lr"; it wins. The rest follows the data: a batch of rows // 50 within
     [16, 384] (at least ~50 steps an epoch), rounded down to a multiple of `multiple` (micro-batch x processes);
-    the epochs' steps, at least 200; the paper's lr at its batch of 384 times sqrt(384 / batch)."""
+    the epochs' steps, at least 200; the paper's lr at its batch of 384 times sqrt(batch / 384)."""
     paper, top = PRESETS["hf"], PRESETS["hf"]["batch_size"]
     batch = given.get("batch_size") or max(multiple, min(max(rows // 50, 16), top) // multiple * multiple)
     steps = given.get("steps") or max(200, math.ceil(epochs * rows / batch))
-    lr = given["lr"] if "lr" in given else paper["lr"] * math.sqrt(top / batch)
+    lr = given["lr"] if "lr" in given else paper["lr"] * math.sqrt(batch / top)
     why = ["batch given" if "batch_size" in given else f"batch: rows // 50 = {rows // 50}, within [16, {top}]"
            + (f", a multiple of {multiple}" if multiple > 1 else ""),
            "steps given" if "steps" in given else f"steps: {epochs} epochs of {rows} rows, at least 200",
-           "lr given" if "lr" in given else f"lr: {paper['lr']:g} x sqrt({top} / {batch})"]
+           "lr given" if "lr" in given else f"lr: {paper['lr']:g} x sqrt({batch} / {top})"]
     return batch, steps, lr, "; ".join(why)
 
 
