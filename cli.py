@@ -1,6 +1,6 @@
-"""What every command line of the project shares: a user's mistake is one line on stderr and a
-non-zero exit, never a traceback; and loading a checkpoint (ours, or a real model's through foreign(),
-the one function of the root that imports extras/)."""
+"""What every command line of the project shares: a user's mistake is one line on stderr and a non-zero
+exit, never a traceback; --device, cuda by default where a GPU is present; and loading a checkpoint (ours,
+or a real model's through foreign(), the one function of the root that imports extras/)."""
 import argparse
 import os
 import sys
