@@ -1,6 +1,6 @@
-"""What every command line of the project shares: a user's mistake is one line on stderr and a
-non-zero exit, never a traceback; and loading a checkpoint (ours, or a real model's through foreign(),
-the one function of the root that imports extras/)."""
+"""What every command line of the project shares: a user's mistake is one line on stderr and a non-zero
+exit, never a traceback; --device, cuda by default where a GPU is present; and loading a checkpoint (ours,
+or a real model's through foreign(), the one function of the root that imports extras/)."""
 import argparse
 import os
 import sys
@@ -46,6 +46,17 @@ def threshold(text):
     if not 0 < tau <= 1 or torch.tensor(tau, dtype=torch.float32) == 0:  # decoding compares in float32
         raise argparse.ArgumentTypeError(f"must be in (0, 1] (and above 0 in float32), got {tau}")
     return tau
+
+
+def default_device():
+    """cuda where torch finds a GPU, else cpu: what every tool's --device is when the flag is not given."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_device(parser):
+    """The --device flag of every command line that loads a model; load_checkpoint checks it (check_device)."""
+    parser.add_argument("--device", default=default_device(), help="cpu, cuda, cuda:1, ... (default cuda where a "
+                        "GPU is present, else cpu)")
 
 
 def check_device(device):

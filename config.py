@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from cli import Parser, check_device, foreign
+from cli import Parser, add_device, check_device, foreign
 
 # One source of truth for every number: flags override single entries.
 # dtype: the autocast precision; a preset without one measures which is faster on the device (choose_dtype).
@@ -38,6 +38,11 @@ PRESETS = {
     # and transformers' default betas (0.9, 0.999), rows of at most 512 tokens, bf16 autocast where the device
     # runs it faster (choose_dtype), 5 epochs per stage (the steps follow from the data), effective batch 384
     # (the authors': 48 per GPU x 8 GPUs; here 4 per forward, the rest accumulated: 96 forwards per step on one GPU).
+    # batch_size and lr are the paper's, the reference hf_schedule scales from: on a few thousand rows, 384 a step
+    # leaves a few dozen steps, which train almost nothing, so unless the flags say otherwise the batch follows
+    # the data (rows // 50, within [16, 384]: at least ~50 steps an epoch), the steps have a floor of 200, and
+    # the lr is 5e-6 x sqrt(batch / 384): square-root scaling, the usual rule for Adam (a batch k times smaller
+    # has gradients sqrt(k) times noisier, and the lr falls with them).
     "hf": dict(max_seq_len=512, batch_size=384, micro_batch=4, epochs=5, lr=5e-6, mars_lr=5e-6, warmup=0.03,
                weight_decay=0.0, betas=[0.9, 0.999], eval_every=500, save_every=500,
                summary_limit=200),
@@ -69,7 +74,7 @@ def get_args(argv=None):
     p.add_argument("--out_dir", default="out", help="where checkpoints, logs and plots go (default out)")
     p.add_argument("--data", help="your own instruction data: JSONL of {prompt, response} or {messages}")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from its --out_dir")
-    p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cuda when available)")
+    add_device(p)
     p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batch order")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="autocast precision of training; auto "
@@ -100,18 +105,20 @@ def resolve(p, args):
     """Fills what the flags left open from the preset; refuses what cannot run."""
     stage2 = args.stage in ("mars", "control")  # they start from --init_from, by default <out_dir>/ar.pt
     args.from_hf = from_hf(args.init_from or (os.path.join(args.out_dir, "ar.pt") if stage2 else None))
-    args.preset = args.preset or ("hf" if args.from_hf else "gpu" if torch.cuda.is_available() else "cpu")
+    check_device(args.device)
+    args.preset = args.preset or ("hf" if args.from_hf else "gpu" if args.device.startswith("cuda") else "cpu")
     if args.preset == "hf" and not args.from_hf:
         p.error("--preset hf fine-tunes a real model: give --init_from DIR (a Hugging Face model directory)")
-    given = args.dtype
+    # what the command line set of the preset's numbers: they win over the hf preset's schedule (fit_hf_schedule)
+    args.given, args.schedule = [name for name, _, _ in OVERRIDES if getattr(args, name) is not None], {}
+    forced = args.dtype
     for k, v in PRESETS[args.preset].items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
     args.dtype = args.dtype or "auto"
     # what the checkpoint records of the choice; choose_dtype fills it for auto
     args.precision = None if args.dtype == "auto" else {
-        "dtype": args.dtype, "reason": f"--dtype {given}" if given else f"the {args.preset} preset's"}
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        "dtype": args.dtype, "reason": f"--dtype {forced}" if forced else f"the {args.preset} preset's"}
     args.data = args.data and os.path.abspath(args.data)  # the checkpoint must find it from anywhere
     counts = ("B", "ar_iters", "mars_iters", "eval_every", "save_every", "batch_size", "buckets")
     if any(getattr(args, k) is not None and getattr(args, k) < 1 for k in counts):
@@ -121,7 +128,6 @@ def resolve(p, args):
     if (args.ar_weight or 0) < 0 or (args.no_sft and args.ar_weight is not None):
         p.error("--ar_weight must be >= 0, and --no_sft has no clean-stream loss to weight")
     args.ar_weight = 0.0 if args.no_sft else 1.0 if args.ar_weight is None else args.ar_weight
-    check_device(args.device)
     return args
 
 
@@ -142,6 +148,39 @@ def from_hf(path):
 def stage2_flags(args):
     """What a MARS checkpoint records of its stage-2 flags (and --resume checks)."""
     return {"B": args.B, "ar_weight": args.ar_weight, "no_sft": args.no_sft, "block_offset": args.block_offset}
+
+
+# ---------------------------------------------------------------------------
+# The hf preset's schedule follows the data (the comment at PRESETS["hf"] says why)
+
+def hf_schedule(rows, epochs, given, multiple=1):
+    """(batch, steps, peak lr, why) of one stage of the hf preset on `rows` training rows. given: what the command
+    line set of "batch_size", "steps" and "lr"; it wins. The rest follows the data: a batch of rows // 50 within
+    [16, 384] (at least ~50 steps an epoch), rounded down to a multiple of `multiple` (micro-batch x processes);
+    the epochs' steps, at least 200; the paper's lr at its batch of 384 times sqrt(batch / 384)."""
+    paper, top = PRESETS["hf"], PRESETS["hf"]["batch_size"]
+    batch = given.get("batch_size") or max(multiple, min(max(rows // 50, 16), top) // multiple * multiple)
+    steps = given.get("steps") or max(200, math.ceil(epochs * rows / batch))
+    lr = given["lr"] if "lr" in given else paper["lr"] * math.sqrt(batch / top)
+    why = ["batch given" if "batch_size" in given else f"batch: rows // 50 = {rows // 50}, within [16, {top}]"
+           + (f", a multiple of {multiple}" if multiple > 1 else ""),
+           "steps given" if "steps" in given else f"steps: {epochs} epochs of {rows} rows, at least 200",
+           "lr given" if "lr" in given else f"lr: {paper['lr']:g} x sqrt({batch} / {top})"]
+    return batch, steps, lr, "; ".join(why)
+
+
+def fit_hf_schedule(args, name, rows, world):
+    """Sets stage `name`'s batch, steps and peak lr by hf_schedule (the flags the command line gave win), records
+    them in args.schedule (the checkpoint's train_config) and returns the line the run prints."""
+    steps_key, lr_key = ("ar_iters", "lr") if name == "ar" else ("mars_iters", "mars_lr")
+    flags = {"batch_size": "batch_size", "steps": steps_key, "lr": lr_key}
+    given = {k: getattr(args, flag) for k, flag in flags.items() if flag in args.given}
+    batch, steps, lr, why = hf_schedule(rows, args.epochs, given, (args.micro_batch or 1) * world)
+    args.batch_size, args.schedule[name] = batch, {"rows": rows, "batch_size": batch, "steps": steps, "lr": lr,
+                                                   "why": why}
+    setattr(args, steps_key, steps)
+    setattr(args, lr_key, lr)
+    return f"schedule ({name}): batch {batch}, {steps} steps, peak lr {lr:.3g} on {rows} rows ({why})"
 
 
 # ---------------------------------------------------------------------------
@@ -191,10 +230,23 @@ def decide(float32_s, bfloat16_s):
     return "bfloat16" if bfloat16_s <= BF16_MARGIN * float32_s else "float32"
 
 
+def without_bf16(gpu):
+    """The precision record of a GPU without native bf16 (e.g. the T4 of free notebook services): float32, not
+    probed. Its fast precision is fp16, whose small gradients underflow unless the loss is scaled, and this
+    project does not scale the loss."""
+    return {"dtype": "float32", "device": gpu, "reason": f"{gpu} has no native bf16 (not probed), and fp16 would "
+            "need loss scaling, which this project does not do"}
+
+
 def choose_dtype(args, model, world, say):
     """--dtype auto: times both precisions on a forward and backward of the model at a step's shapes (probe, on
-    one CPU thread) and trains in bf16 autocast only where it is clearly faster. Sets args.dtype and args.precision
-    (the checkpoint's train_config and the stage log record both) and says why."""
+    one CPU thread) and trains in bf16 autocast only where it is clearly faster; a GPU without native bf16 trains
+    in float32 unprobed (without_bf16). Sets args.dtype and args.precision (the checkpoint's train_config and the
+    stage log record both) and says why."""
+    # emulation counts as support by default: a T4 runs bf16, but emulated and slower than float32
+    if args.device.startswith("cuda") and not torch.cuda.is_bf16_supported(including_emulation=False):
+        args.dtype, args.precision = "float32", without_bf16(torch.cuda.get_device_name(args.device))
+        return say(f"precision: float32: {args.precision['reason']} (--dtype forces either)")
     tokens = (args.micro_batch or args.batch_size // world) * args.max_seq_len
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the precisions differ per core; a second thread may wait on a core others hold

@@ -19,7 +19,7 @@ import torch
 import data
 import engine
 import mars
-from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli, threshold
+from cli import Parser, UserError, add_device, load_checkpoint, model_from_checkpoint, run_cli, threshold
 
 
 @torch.inference_mode()
@@ -88,7 +88,7 @@ def get_args(argv=None):
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (Gumbel-max)")
     p.add_argument("--max_new_tokens", type=int, default=64, help="stop after this many tokens (default 64)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
+    add_device(p)
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights and activations: float32 "
                    "(default), bfloat16 or float16 (to serve a real model on a GPU)")
     return checked(p, p.parse_args(argv))
@@ -105,7 +105,6 @@ def checked(p, args):
         p.error("--ar and --lossless are different decoders; choose one")
     if args.lossless and args.temperature > 0:
         p.error("--lossless is greedy: it reproduces --ar exactly, so --temperature does not apply")
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.dtype = DTYPES[args.dtype]
     return args
 

@@ -22,7 +22,7 @@ import engine
 import mars
 import tokenizer
 from cli import UserError, foreign, load_checkpoint, model_from_checkpoint, run_cli
-from config import MODEL_KEYS, choose_dtype, get_args, stage2_flags
+from config import MODEL_KEYS, choose_dtype, fit_hf_schedule, get_args, stage2_flags
 from model import GPT, GPTConfig
 
 STEP_COST = {"ar": 1.0, "control": 1.0, "mars": 1.9}  # time of a step against stage 1's (docs/profile_cpu.json)
@@ -362,6 +362,9 @@ def main(argv=None):
     for name in names:
         state = resume_state.get(name)
         model, tok, splits, hf = start_stage(name, state, args, splits, say)
+        if args.preset == "hf":  # the recipe's batch, steps and lr follow the rows that fit
+            rows = data.tokenize(splits["train"], tok, args.max_seq_len, 1 if name == "ar" else args.B)
+            say(fit_hf_schedule(args, name, len(rows), world))
         if args.dtype == "auto":  # measured once, on the first stage's model and batch shape
             choose_dtype(args, model, world, say)
         train(Stage(name, model, tok, splits, args, (rank, world), state, hf), cost_after(name, names, args, splits))

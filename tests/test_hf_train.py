@@ -2,6 +2,7 @@
 tiny random Qwen2 built with transformers (tests/test_hf.py's builders), the chat template's
 targets, the checkpoint it writes, its export, eval.py --data with the GSM8K-style checker."""
 import json
+import math
 import signal
 
 import pytest
@@ -97,8 +98,11 @@ def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, m
     path, _, _ = qwen
     ckpt = cli.load_checkpoint(str(mars_run))
     cfg = ckpt["train_config"]
-    # the recipe is the default for a Hugging Face directory, and flags override single values
-    assert cfg["preset"] == "hf" and cfg["lr"] == cfg["mars_lr"] == 5e-6 and cfg["warmup"] == 0.03
+    # the recipe is the default for a Hugging Face directory, and flags override single values; the given batch
+    # and steps win over the schedule, whose lr follows the batch: 5e-6 at 384, times sqrt(4 / 384) at 4
+    assert cfg["preset"] == "hf" and cfg["lr"] == 5e-6 and cfg["warmup"] == 0.03
+    assert cfg["mars_lr"] == pytest.approx(5e-6 / math.sqrt(96)) and cfg["batch_size"] == 4
+    assert cfg["schedule"]["mars"]["why"].startswith("batch given; steps given; lr: 5e-06 x sqrt(4 / 384)")
     assert cfg["weight_decay"] == 0.0 and cfg["betas"] == [0.9, 0.999]
     # the recipe leaves the precision to the probe (--dtype auto), which recorded its timings
     assert cfg["dtype"] == cfg["precision"]["dtype"] and cfg["precision"]["float32_ms"] > 0
@@ -110,7 +114,7 @@ def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, m
     assert ckpt["tokenizer"] == source["tokenizer"]  # self-contained: vocabulary, specials, chat template
     moved = [k for k in source["model"] if not torch.equal(source["model"][k], ckpt["model"][k])]
     assert len(moved) == len(source["model"])  # three steps moved every tensor
-    assert max((source["model"][k] - ckpt["model"][k]).abs().max() for k in moved) < 1e-3  # at lr 5e-6
+    assert max((source["model"][k] - ckpt["model"][k]).abs().max() for k in moved) < 1e-3  # at lr 5.1e-7
     assert all(len(h) and torch.isfinite(torch.tensor(h["loss"])) for h in ckpt["history"])
     # it samples (AR and MARS), and its export generates in transformers what sample.py --ar generates
     _, tok = cli.model_from_checkpoint(ckpt)
@@ -146,6 +150,39 @@ def test_hugging_face_directory_needs_data_and_the_recipe_needs_a_model(qwen, tm
         run_train("--stage", "mars", "--init_from", path, "--out_dir", tmp_path, "--device", "cpu")
     with pytest.raises(SystemExit):
         config.get_args(["--preset", "hf"])
+
+
+@pytest.mark.parametrize("rows, multiple, batch, steps", [
+    (2000, 1, 40, 250),  # rows // 50 = 40: 50 steps an epoch, 5 epochs
+    (1072, 4, 20, 268),  # 21, down to a multiple of the micro-batch
+    (24, 4, 16, 200),  # the smallest batch, and the floor of 200 steps
+    (100000, 4, 384, 1303),  # the paper's batch at most
+])
+def test_hf_schedule_follows_the_data(rows, multiple, batch, steps):
+    got = config.hf_schedule(rows, 5, {}, multiple)
+    assert got[:2] == (batch, steps) and got[2] == pytest.approx(5e-6 * math.sqrt(batch / 384))
+    assert got[3] == (f"batch: rows // 50 = {rows // 50}, within [16, 384]" + (", a multiple of 4" if multiple > 1
+                      else "") + f"; steps: 5 epochs of {rows} rows, at least 200; lr: 5e-06 x sqrt({batch} / 384)")
+
+
+def test_hf_schedule_gives_way_to_the_flags_and_the_run_records_it():
+    """What the command line sets wins, stage by stage; the rest follows the data, and args.schedule (the
+    checkpoint's train_config) records the choice. smollm2 is only named: nothing is loaded."""
+    base = ["--stage", "all", "--init_from", "smollm2", "--device", "cpu"]
+    args = config.get_args(base + ["--batch_size", "64", "--mars_lr", "1e-5", "--ar_iters", "7"])
+    assert args.preset == "hf" and {"batch_size", "mars_lr", "ar_iters"} <= set(args.given)
+    line = config.fit_hf_schedule(args, "ar", 1072, world=2)
+    assert (args.batch_size, args.ar_iters) == (64, 7) and args.lr == pytest.approx(5e-6 / math.sqrt(6))
+    assert line == ("schedule (ar): batch 64, 7 steps, peak lr 2.04e-06 on 1072 rows (batch given; steps given; "
+                    "lr: 5e-06 x sqrt(64 / 384))")
+    config.fit_hf_schedule(args, "mars", 1072, world=2)
+    assert (args.mars_iters, args.mars_lr) == (max(200, math.ceil(5 * 1072 / 64)), 1e-5)
+    assert args.schedule["mars"] == {"rows": 1072, "batch_size": 64, "steps": 200, "lr": 1e-5,
+                                     "why": "batch given; steps: 5 epochs of 1072 rows, at least 200; lr given"}
+    args = config.get_args(base)  # no flags: micro-batch 4 x 2 processes, so batch 16 rather than 21
+    config.fit_hf_schedule(args, "mars", 1072, world=2)
+    assert (args.batch_size, args.mars_iters) == (16, 335) and args.mars_lr == pytest.approx(5e-6 / math.sqrt(24))
+    assert args.lr == 5e-6  # stage 1's, untouched by stage 2's schedule
 
 
 @pytest.mark.parametrize("text, answer", [

@@ -385,6 +385,27 @@ def test_precision_probe_decides_on_a_clear_margin_within_its_budget(bf16_ratio,
     assert config.probe(time_run, tokens=8192, budget=2.0)[2] == 8192
 
 
+def test_a_gpu_without_bf16_trains_in_float32_unprobed(monkeypatch):
+    """A GPU without native bf16 (a T4) trains in float32, not probed, and the log and the record say why and
+    name the GPU. The check asks for native bf16: by default torch counts a T4's emulation as support. On a CPU
+    the probe still decides, whatever CUDA would say."""
+    asked, said = [], []
+    monkeypatch.setattr(config.torch.cuda, "is_bf16_supported", lambda **kw: asked.append(kw) or False)
+    monkeypatch.setattr(config.torch.cuda, "get_device_name", lambda device=None: f"Tesla T4 ({device})")
+    monkeypatch.setattr(config, "probe", lambda *a, **k: pytest.fail("a GPU without bf16 was probed"))
+    args = SimpleNamespace(device="cuda:1", dtype="auto", precision=None)
+    config.choose_dtype(args, None, 1, said.append)
+    assert asked == [{"including_emulation": False}] and args.dtype == "float32"
+    assert args.precision == {"dtype": "float32", "device": "Tesla T4 (cuda:1)", "reason": "Tesla T4 (cuda:1) has "
+                              "no native bf16 (not probed), and fp16 would need loss scaling, which this project "
+                              "does not do"}
+    assert said == [f"precision: float32: {args.precision['reason']} (--dtype forces either)"]
+    monkeypatch.setattr(config, "probe", lambda *a, **k: (1.0, 0.5, 16))  # bf16 twice as fast
+    args = SimpleNamespace(device="cpu", dtype="auto", micro_batch=None, batch_size=16, max_seq_len=64)
+    config.choose_dtype(args, None, 1, said.append)
+    assert args.dtype == "bfloat16" and args.precision["bfloat16_ms"] == 500 and len(asked) == 1
+
+
 def test_progress_prints_30_s_after_its_last_line(monkeypatch, capsys):
     """A slow machine learns its ETA within the first minute: between the lines every 2% of the stage, a
     line comes once 30 s have passed since the last one."""

@@ -46,7 +46,7 @@ import torch
 
 import data
 import mars
-from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli
+from cli import Parser, UserError, add_device, load_checkpoint, model_from_checkpoint, run_cli
 from engine import MASK_MODES, generate_batch
 from extras.bench.report import markdown, plot
 from extras.bench.stats import paired, wilson
@@ -262,14 +262,13 @@ def get_args(argv=None):
                    "(default, the paper's B - 1 per forward) or auto (as many as pay for what they cost on this machine, "
                    "cost.py; beyond the paper, and its outputs depend on the machine's timings; the block-cache rows "
                    "then slide)")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
+    add_device(p)
     args = p.parse_args(argv)
     args.thresholds = args.thresholds or ([0.95, 0.9] if args.data else [0.99, 0.98, 0.95, 0.9, 0.8, 0.7, 0.5])
     if any(not 0 < t <= 1 for t in args.thresholds + args.speed_thresholds):
         p.error("thresholds must be in (0, 1]")
     if min([args.speed_prompts, args.repeats] + args.batch_sizes + args.B_cache + [args.limit or 1]) < 1:
         p.error("--limit, --speed_prompts, --repeats, --batch_sizes and --B_cache must be at least 1")
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return args
 
 

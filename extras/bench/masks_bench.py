@@ -24,7 +24,7 @@ import time
 
 import cost
 import data
-from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli, threshold
+from cli import Parser, UserError, add_device, load_checkpoint, model_from_checkpoint, run_cli, threshold
 from engine import CACHE_MODES, decode_step, generate_batch
 from extras.bench.eval import machine, score
 
@@ -53,7 +53,7 @@ def get_args(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=64, help="answer budget (default 64)")
     p.add_argument("--data", help="JSONL of {prompt, answer}: the prompts of a checkpoint not trained here "
                    "(default: the built-in task set's held-out prompts)")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda, ...")
+    add_device(p)
     args = p.parse_args(argv)
     for name in ("B", "B_cache", "timing_prompts", "rounds", "max_new_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:

@@ -1,12 +1,11 @@
 """MARS fine-tuning of a real (Hugging Face) model: the start of a stage from a Hugging Face directory or a
 GGUF file, or from one of our checkpoints trained from one. train.py reaches it through cli.foreign() on that
-path only; its recipe is config.PRESETS["hf"]:
+path only; its recipe is config.PRESETS["hf"], its schedule config.hf_schedule:
 
     python train.py --stage mars --init_from Qwen2.5-0.5B-Instruct/ --data my.jsonl
     python train.py --init_from Qwen2.5-0.5B-Instruct/ --data my.jsonl      # AR SFT on it, then MARS
     python train.py --stage mars --init_from smollm2 --data my.jsonl         # a GGUF file (extras/checkpoints/gguf_file.py)
 """
-import math
 import os
 
 import torch
@@ -45,8 +44,4 @@ def start_stage(name, state, args, splits, model_keys, load_checkpoint, model_fr
         args.data = args.data or prev["data"]
         splits = data.load_splits(args.data, args.seed if prev is None else prev["seed"],
                                   args.n_train if prev is None else prev["n_train"])
-    key = "ar_iters" if name == "ar" else "mars_iters"
-    if getattr(args, key) is None:  # the recipe counts epochs over the rows that fit
-        rows = data.tokenize(splits["train"], tok, args.max_seq_len, 1 if name == "ar" else args.B)
-        setattr(args, key, math.ceil(args.epochs * len(rows) / args.batch_size))
     return model, tok, splits, source.get("hf")

@@ -37,7 +37,7 @@ import torch
 
 import data
 import engine
-from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli
+from cli import Parser, UserError, add_device, load_checkpoint, model_from_checkpoint, run_cli
 from extras.bench.eval import machine
 from extras.real import checks
 from extras.real.words import A_NOUN, A_PLACE, ACTIVITIES, ADJECTIVES, TOPICS
@@ -249,8 +249,7 @@ def get_args(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=128, help="the answer's budget (default 128)")
     p.add_argument("--batch", type=int, default=32, help="prompts decoded together (default 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the held-out split (default 0)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="cpu, cuda, ... (default cuda where present, else cpu)")
+    add_device(p)
     args = p.parse_args(argv)
     if min(args.n_train, args.max_new_tokens, args.batch) < 1 or min(args.n_heldout, args.n_val) < 0:
         p.error("--n_train, --max_new_tokens and --batch must be at least 1, --n_heldout and --n_val at least 0")

@@ -34,7 +34,7 @@ import torch
 
 import data
 import engine
-from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli, threshold
+from cli import Parser, UserError, add_device, load_checkpoint, model_from_checkpoint, run_cli, threshold
 from extras.bench.stats import wilson
 from extras.real import checks
 from extras.real.distill import decode_all
@@ -107,8 +107,8 @@ def ar_agreement(model, tok, prompts, base_runs, rows=8):
     base answer's own prefix (a drift that decoding turns into a different answer from the first change on)."""
     hits = total = 0
     for i in range(0, len(prompts), rows):
-        x, y = data.make_batch([(p + b.tokens, len(p)) for p, b in zip(prompts[i:i + rows], base_runs[i:i + rows])],
-                               tok.eot)
+        x, y = (t.to(model.wte.weight.device) for t in data.make_batch(
+            [(p + b.tokens, len(p)) for p, b in zip(prompts[i:i + rows], base_runs[i:i + rows])], tok.eot))
         logits = model(x, logits_at=y != -1)[:, :tok.n_vocab]
         logits[:, tok.mask] = float("-inf")  # as decoding never outputs it
         hits += int((logits.argmax(-1) == y[y != -1]).sum())
@@ -177,8 +177,8 @@ def trend(base, tok, examples, prompts, base_runs, paths, args, B):
     points = [{"step": 0, **scores(examples, base_runs, decode(base, tok, prompts, [d], args, B)[name(d)], tok),
                "ar_agreement": 1.0}]
     for path in paths:
-        ckpt = load_checkpoint(path)
-        model = model_from_checkpoint(ckpt)[0].eval()
+        ckpt = load_checkpoint(path, args.device)
+        model = model_from_checkpoint(ckpt, args.device)[0].eval()
         runs = decode(model, tok, prompts, [d], args, B)[name(d)]
         points.append({"step": ckpt["iter"], "path": path, **scores(examples, base_runs, runs, tok),
                        "ar_agreement": ar_agreement(model, tok, prompts, base_runs)})
@@ -239,6 +239,7 @@ def get_args(argv=None):
     p.add_argument("--trend", nargs="*", default=[], help="checkpoints saved along the training run, for the trend")
     p.add_argument("--trend_tau", type=threshold, default=0.9, help="tau of the trend (default 0.9)")
     p.add_argument("--trend_n", type=int, default=32, help="prompts of the trend, the first ones (default 32)")
+    add_device(p)
     args = p.parse_args(argv)
     if min(args.batch, args.max_new_tokens, args.trend_n) < 1 or min(args.n, args.wall_n1, args.wall_n8) < 0:
         p.error("--batch, --max_new_tokens and --trend_n must be at least 1; --n, --wall_n1 and --wall_n8 at least 0")
@@ -283,7 +284,7 @@ class Clock:
 def control_rows(ckpt, tok, examples, prompts, base_runs, args):
     """The AR control (train.py --stage control: the same data and schedule, the AR loss alone), scored as the
     base is: what any fine-tune of this length costs, MARS aside."""
-    model = model_from_checkpoint(ckpt)[0].eval()
+    model = model_from_checkpoint(ckpt, args.device)[0].eval()
     runs = decode(model, tok, prompts, [AR], args)[name(AR)]
     return [{"decoder": "control AR", **scores(examples, base_runs, runs, tok),
              "ar_agreement": ar_agreement(model, tok, prompts, base_runs)}]
@@ -294,18 +295,18 @@ def main(argv=None):
     args, clock = get_args(argv), Clock()
     command = shlex.join(["python", "-m", "extras.real.eval", *(sys.argv[1:] if argv is None else argv)])
     examples = read_heldout(args.heldout, args.n)
-    ckpt = load_checkpoint(args.ckpt)
+    ckpt = load_checkpoint(args.ckpt, args.device)
     if "mars" not in ckpt:
         raise UserError(f"{args.ckpt} is not a MARS checkpoint (train.py --stage mars writes one)")
-    base, tok = model_from_checkpoint(load_checkpoint(args.base))
-    mars_model, B = model_from_checkpoint(ckpt)[0].eval(), ckpt["mars"]["B"]
+    base, tok = model_from_checkpoint(load_checkpoint(args.base, args.device), args.device)
+    mars_model, B = model_from_checkpoint(ckpt, args.device)[0].eval(), ckpt["mars"]["B"]
     base.eval()
     prompts = [tok.prompt_ids(e["prompt"]) for e in examples]
     clock.lap("load")
     print(f"sweep: {len(prompts)} prompts, base AR, then MARS at {args.thresholds} and lossless", flush=True)
     base_runs = decode(base, tok, prompts, [AR], args)[name(AR)]
     clock.lap("base")
-    control_ckpt = load_checkpoint(args.control) if args.control else None
+    control_ckpt = load_checkpoint(args.control, args.device) if args.control else None
     control = control_rows(control_ckpt, tok, examples, prompts, base_runs, args) if control_ckpt else []
     clock.lap("control")
     runs = decode(mars_model, tok, prompts, [{"tau": t} for t in args.thresholds] + [LOSSLESS], args, B)

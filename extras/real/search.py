@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from cli import Parser, UserError, load_checkpoint, model_from_checkpoint, run_cli
+from cli import Parser, UserError, add_device, load_checkpoint, model_from_checkpoint, run_cli
 from extras.bench.eval import machine
 from extras.real.eval import AR, ar_agreement, decode, identical, name, read_heldout
 
@@ -53,7 +53,7 @@ def train_command(lever, args, out_dir, loops):
     flags = ["--stage", "mars", "--init_from", args.base, "--data", args.data, "--out_dir", out_dir,
              "--batch_size", str(args.batch_size), "--micro_batch", str(args.batch_size), "--max_seq_len", "256",
              "--mars_iters", str(args.steps), "--warmup", str(args.warmup), "--eval_every", str(args.steps),
-             "--save_every", str(args.steps), "--summary_limit", "0"]
+             "--save_every", str(args.steps), "--summary_limit", "0", "--device", args.device]
     extra = [loops if f == "{loops}" else f for f in LEVERS[lever]]
     for flag in ("--data", "--stage"):  # the lever's replaces the shared one
         if flag in extra:
@@ -64,8 +64,8 @@ def train_command(lever, args, out_dir, loops):
 
 def measure(path, tok, prompts, base_runs, args):
     """The validation figures of one MARS checkpoint."""
-    ckpt = load_checkpoint(path)
-    model = model_from_checkpoint(ckpt)[0].eval()
+    ckpt = load_checkpoint(path, args.device)
+    model = model_from_checkpoint(ckpt, args.device)[0].eval()
     B = (ckpt.get("mars") or ckpt["control"])["B"]  # the control: its <|mask|> untrained
     runs = decode(model, tok, prompts, [AR, {"tau": TAU}], args, B)
     own, fast = runs[name(AR)], runs[name({"tau": TAU})]
@@ -93,6 +93,7 @@ def get_args(argv=None):
     p.add_argument("--only", nargs="*", choices=LEVERS, help="run these levers only (default: all)")
     p.add_argument("--batch", type=int, default=32, help="rows decoded together (default 32)")
     p.add_argument("--max_new_tokens", type=int, default=128, help="the answers' budget (default 128)")
+    add_device(p)
     args = p.parse_args(argv)
     if min(args.steps, args.batch_size, args.batch, args.max_new_tokens) < 1 or not 0 <= args.warmup < 1:
         p.error("--steps, --batch_size, --batch and --max_new_tokens must be at least 1, --warmup in [0, 1)")
@@ -106,7 +107,7 @@ def main(argv=None):
     result = json.load(open(args.out)) if os.path.exists(args.out) else {"rows": []}
     done = {r["lever"] for r in result["rows"]}
     examples = read_heldout(args.val, 0)
-    base, tok = model_from_checkpoint(load_checkpoint(args.base))
+    base, tok = model_from_checkpoint(load_checkpoint(args.base, args.device), args.device)
     prompts = [tok.prompt_ids(e["prompt"]) for e in examples]
     print(f"the base model's answers to {len(prompts)} validation prompts", flush=True)
     base_runs = decode(base.eval(), tok, prompts, [AR], args)[name(AR)]

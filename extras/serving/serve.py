@@ -38,7 +38,7 @@ import time
 
 import torch
 
-from cli import Parser, run_cli, threshold
+from cli import Parser, add_device, run_cli, threshold
 from cost import MASK_MODES
 from extras.bench.eval import machine
 from extras.serving.report import goals, markdown, plot
@@ -86,7 +86,7 @@ def get_args(argv=None):
                    "paper's method; auto: per request, as many masks as pay for what they cost (cost.py; beyond the "
                    "paper; its outputs depend on this machine's timings)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival trace and its prompts (default 0)")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default cuda when available)")
+    add_device(p)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="weights' precision (default float32)")
     p.add_argument("--max_context", type=int, default=2048, help="longest prompt + answer served, within the model's "
                    "context; the KV cache is sized by it (default 2048)")
@@ -133,7 +133,6 @@ def get_args(argv=None):
         p.error(f"--port must be in 0..65535, got {args.port}")
     if min(args.max_queue, args.max_connections) < 1 or not args.timeout > 0:
         p.error("--max_queue and --max_connections must be at least 1, --timeout positive")
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     return args
 
 
