@@ -210,19 +210,28 @@ def step_timer(model, seq_len, device):
 
 
 def probe(time_run, tokens, budget=PROBE_SECONDS):
-    """(float32 seconds, bf16 seconds, rows): the best of up to 5 alternating runs on a step's tokens, until
-    the runs have taken `budget` seconds. Two runs of each on 16 rows warm up and size the rest: the rows
-    shrink until the slower precision's run takes a tenth of the budget, so no single run overshoots it."""
-    per_row = max(min(time_run(16, bf16) for _ in range(2)) for bf16 in (False, True)) / 16
-    rows = max(1, min(tokens, int(budget / 10 / per_row)))
-    best, spent = [math.inf, math.inf], 0.0
+    """(float32 seconds, bf16 seconds, rows): each precision's time for a step's `tokens` tokens, predicted as a
+    fixed part plus a cost per token from the best of up to 5 alternating rounds of runs on 1 and on `rows`
+    tokens, until the runs have taken `budget` seconds. The fixed part (the gradient of every weight, whatever
+    the tokens) dominates a big model's short runs and would hide the precisions' difference, which a step of
+    many tokens shows. Runs on 1 and 16 tokens warm up and size the rest: `rows` makes the slower precision's
+    cost per token a tenth of the budget."""
+    warm = [[min(time_run(n, bf16) for _ in range(2)) for n in (1, 16)] for bf16 in (False, True)]
+    per_token = max(max(t16 - t1, 1e-9) / 15 for t1, t16 in warm)
+    rows = max(16, min(tokens, int(budget / 10 / per_token)))
+    best, spent = {}, 0.0
     for _ in range(5):
-        for i, bf16 in enumerate((False, True)):
-            t = time_run(rows, bf16)
-            best[i], spent = min(best[i], t), spent + t
+        for bf16 in (False, True):
+            for n in (1, rows):
+                t = time_run(n, bf16)
+                best[n, bf16], spent = min(best.get((n, bf16), math.inf), t), spent + t
         if spent > budget:
             break
-    return best[0], best[1], rows
+
+    def predicted(bf16):
+        one, many = best[1, bf16], best[rows, bf16]
+        return one + max(many - one, 0.0) * (tokens - 1) / (rows - 1)
+    return predicted(False), predicted(True), rows
 
 
 def decide(float32_s, bfloat16_s):
@@ -258,8 +267,9 @@ def choose_dtype(args, model, world, say):
     args.dtype = decide(fp32, bf16)
     where = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
              else f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
-    reason = (f"bf16 autocast took {bf16 / fp32:.2f}x float32's time ({1e3 * bf16:.2f} against {1e3 * fp32:.2f} ms, "
-              f"a forward and backward of the model on {int(rows)} tokens, {where}); bf16 needs {BF16_MARGIN}x or less")
+    reason = (f"bf16 autocast takes {bf16 / fp32:.2f}x float32's time ({1e3 * bf16:.2f} against {1e3 * fp32:.2f} ms "
+              f"for a forward and backward of the model on a step's {tokens} tokens, predicted from runs on 1 and "
+              f"{int(rows)}, {where}); bf16 needs {BF16_MARGIN}x or less")
     args.precision = {"dtype": args.dtype, "reason": reason, "float32_ms": round(1e3 * fp32, 3),
-                      "bfloat16_ms": round(1e3 * bf16, 3), "rows": int(rows), "device": where}
+                      "bfloat16_ms": round(1e3 * bf16, 3), "tokens": tokens, "rows": int(rows), "device": where}
     say(f"precision: {args.dtype}: {reason} (--dtype forces either)")

@@ -357,13 +357,13 @@ def test_precision_probe_picks_float32_without_native_bf16_and_dtype_forces(tmp_
     assert "precision:" not in proc.stdout  # nothing measured
 
 
-def simulated(per_row, bf16_ratio):
-    """A time_run for config.probe: float32 takes per_row seconds a row, bf16 bf16_ratio times that; and the
-    list of (rows, bf16, seconds) it was asked for."""
+def simulated(per_row, bf16_ratio, fixed=0.0):
+    """A time_run for config.probe: float32 takes `fixed` seconds plus per_row a row, bf16 the same fixed part
+    plus bf16_ratio times float32's per row; and the list of (rows, bf16, seconds) it was asked for."""
     runs = []
 
     def time_run(rows, bf16):
-        runs.append((rows, bf16, rows * per_row * (bf16_ratio if bf16 else 1)))
+        runs.append((rows, bf16, fixed + rows * per_row * (bf16_ratio if bf16 else 1)))
         return runs[-1][2]
     return time_run, runs
 
@@ -371,18 +371,29 @@ def simulated(per_row, bf16_ratio):
 @pytest.mark.parametrize("bf16_ratio, want", [(0.3, "bfloat16"), (0.9, "bfloat16"), (0.95, "float32"),
                                               (1.5, "float32"), (30, "float32"), (300, "float32")])
 def test_precision_probe_decides_on_a_clear_margin_within_its_budget(bf16_ratio, want):
-    """On simulated timings: bf16 only where it takes at most 90% of float32's time; the runs after the
-    warm-up take about the probe's budget in all, however slow bf16 is, as the rows shrink until the
-    slower precision's run takes a tenth of it."""
+    """On simulated timings: bf16 only where it takes at most 90% of float32's time on a step's tokens; the
+    runs after the warm-up take about the probe's budget in all, however slow bf16 is, as the rows shrink
+    until the slower precision's run takes a tenth of it (16 rows at least, for a cost per token to show)."""
     time_run, runs = simulated(1e-4, bf16_ratio)
     fp32, bf16, rows = config.probe(time_run, tokens=8192, budget=2.0)
     assert config.decide(fp32, bf16) == want
-    assert (fp32, bf16) == pytest.approx((rows * 1e-4, rows * 1e-4 * bf16_ratio))
-    timed = runs[4:]  # after two warm-up runs of each precision
-    assert {r for r, _, _ in timed} == {rows} and max(t for _, _, t in timed) <= 0.2 + 1e-9
+    assert (fp32, bf16) == pytest.approx((8192 * 1e-4, 8192 * 1e-4 * bf16_ratio))
+    timed = runs[8:]  # after two warm-up runs of each precision on 1 and on 16 tokens
+    assert {r for r, _, _ in timed} == {1, rows} and max(t for _, _, t in timed) <= max(0.2, 16e-4 * bf16_ratio)
     assert sum(t for _, _, t in timed) <= 2.0 + 2 * 0.2
     time_run, _ = simulated(1e-9, bf16_ratio)  # a fast device: the whole step's tokens
     assert config.probe(time_run, tokens=8192, budget=2.0)[2] == 8192
+
+
+def test_the_probe_sees_through_a_big_models_fixed_cost():
+    """A big model on a CPU: half a second a run whatever the tokens (every weight's gradient), then bf16 at
+    0.4x float32's cost per token. A run on a few tokens shows the two alike; the prediction for a step of
+    2,048 tokens shows bf16's gain, and the probe chooses it."""
+    time_run, runs = simulated(6e-3, 0.4, fixed=0.5)
+    fp32, bf16, rows = config.probe(time_run, tokens=2048, budget=2.0)
+    assert runs[4][2] / runs[0][2] > 0.95  # one token: the precisions look the same
+    assert (fp32, bf16) == pytest.approx((0.5 + 2048 * 6e-3, 0.5 + 2048 * 6e-3 * 0.4))
+    assert config.decide(fp32, bf16) == "bfloat16" and 16 <= rows < 2048
 
 
 def test_a_gpu_without_bf16_trains_in_float32_unprobed(monkeypatch):
