@@ -84,7 +84,10 @@ def setup(args):
     args.rounds = args.rounds or (5 if ours else 2)
     if args.accuracy_prompts is None:
         args.accuracy_prompts = len(examples) if ours else args.timing_prompts
-    note = "" if "mars" in ckpt else f"{args.ckpt} is an AR checkpoint: its masks were never trained (B = {B})"
+    real = ("AR is this checkpoint at B = 1, not the real model it was trained from: the same shapes cost the "
+            "same per forward, and one set of weights keeps the answers alike")
+    note = (f"{args.ckpt} is an AR checkpoint: its masks were never trained (B = {B})" if "mars" not in ckpt
+            else real if "hf" in ckpt else "")
     return model.eval(), tok, B, examples, note
 
 

@@ -266,7 +266,7 @@ def training(ckpt):
     config = ckpt["train_config"]
     return {"steps": ckpt["iter"], "seconds": (ckpt.get("history") or [{}])[-1].get("elapsed_s"),
             **{k: config.get(k) for k in ("batch_size", "micro_batch", "max_seq_len", "mars_lr", "mars_iters",
-                                          "warmup", "dtype", "data")}}
+                                          "warmup", "ar_weight", "mask_row", "dtype", "data")}}
 
 
 class Clock:

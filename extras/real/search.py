@@ -80,6 +80,16 @@ def measure(path, tok, prompts, base_runs, args):
             "train_seconds": last["elapsed_s"]}
 
 
+def regenerating_command(argv):
+    """This invocation without --only: the command that regenerates every row of --out (it resumes, so a row
+    already there is kept; without the file it runs them all)."""
+    kept, skipping = [], False
+    for a in argv:
+        skipping = a == "--only" or (skipping and not a.startswith("--"))
+        kept += [] if skipping else [a]
+    return shlex.join(["python", "-m", "extras.real.search", *kept])
+
+
 def get_args(argv=None):
     p = Parser(__doc__)
     p.add_argument("--base", default="smollm2", help="the model MARS starts from (default smollm2)")
@@ -103,7 +113,7 @@ def get_args(argv=None):
 @torch.inference_mode()
 def main(argv=None):
     args = get_args(argv)
-    command = shlex.join(["python", "-m", "extras.real.search", *(sys.argv[1:] if argv is None else argv)])
+    command = regenerating_command(sys.argv[1:] if argv is None else argv)
     result = json.load(open(args.out)) if os.path.exists(args.out) else {"rows": []}
     done = {r["lever"] for r in result["rows"]}
     examples = read_heldout(args.val, 0)
