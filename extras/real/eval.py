@@ -262,9 +262,11 @@ def report(result):
 
 
 def training(ckpt):
-    """What the result records of the training run: its steps, time and recipe."""
-    config = ckpt["train_config"]
-    return {"steps": ckpt["iter"], "seconds": (ckpt.get("history") or [{}])[-1].get("elapsed_s"),
+    """What the result records of the training run: its steps, time, recipe and validation losses."""
+    config, history = ckpt["train_config"], ckpt.get("history") or [{}]
+    return {"steps": ckpt["iter"], "seconds": history[-1].get("elapsed_s"),
+            "validation": [{k: round(h[k], 4) if k != "iter" else h[k] for k in ("iter", "val_loss", "val_noisy",
+                            "val_clean") if k in h} for h in history if "val_loss" in h],
             **{k: config.get(k) for k in ("batch_size", "micro_batch", "max_seq_len", "mars_lr", "mars_iters",
                                           "warmup", "ar_weight", "mask_row", "dtype", "data")}}
 
