@@ -248,8 +248,8 @@ def without_bf16(gpu):
 
 
 def choose_dtype(args, model, world, say):
-    """--dtype auto: times both precisions on a forward and backward of the model at a step's shapes (probe, on
-    one CPU thread) and trains in bf16 autocast only where it is clearly faster; a GPU without native bf16 trains
+    """--dtype auto: predicts both precisions' time for a forward and backward of the model on a step's tokens
+    (probe, on one CPU thread) and trains in bf16 autocast only where it is clearly faster; a GPU without native bf16 trains
     in float32 unprobed (without_bf16). Sets args.dtype and args.precision (the checkpoint's train_config and the
     stage log record both) and says why."""
     # emulation counts as support by default: a T4 runs bf16, but emulated and slower than float32
