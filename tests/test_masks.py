@@ -12,6 +12,7 @@ import torch
 import cost
 import engine
 from conftest import EOT, MASK, assert_one_line_error, random_model, random_prompts, run_cli
+from extras.bench import masks_bench
 
 PROMPTS = random_prompts((3, 7, 12, 5, 1))
 N = 40  # max_new_tokens
@@ -237,3 +238,16 @@ def test_masks_bench_end_to_end(tiny_run, tmp_path):
     assert set(result["goals"]) == {"rows", "within_3_percent_of_best", "beats_ar_where_fixed_does_not",
                                     "accuracy_within_half_a_point"}
     assert_one_line_error(run_cli(["extras/bench/masks_bench.py", "--ckpt", tiny_run / "mars.pt", "--rounds", "0"]))
+
+
+def test_masks_bench_times_prompts_without_answers(tiny_run, tmp_path):
+    """extras.real.distill's held-out file holds prompts and checkers, no answers: enough for the timing alone,
+    and a clear error where the accuracy passes need answers."""
+    prompts = tmp_path / "heldout.jsonl"
+    prompts.write_text("".join(json.dumps({"task": "check", "prompt": p, "kind": "under_20", "rule": {}}) + "\n"
+                               for p in ("add 2 and 3", "spell cat", "reverse abc")))
+    args = ["--ckpt", str(tiny_run / "mars.pt"), "--data", str(prompts)]
+    examples = masks_bench.setup(masks_bench.get_args(args + ["--accuracy_prompts", "0"]))[3]
+    assert [e["prompt"] for e in examples] == ["add 2 and 3", "spell cat", "reverse abc"]
+    with pytest.raises(ValueError, match="heldout.jsonl:1: malformed record .*answer"):
+        masks_bench.setup(masks_bench.get_args(args))

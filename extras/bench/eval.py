@@ -217,6 +217,21 @@ def wall_clock(ar, mars_model, B, prompts, args):
     return speed
 
 
+def read_prompts(path, n):
+    """The first n records (all with n = 0) of a JSONL of {task, prompt[, answer]}, e.g. the held-out and validation
+    prompts extras.real.distill writes: prompts to decode, with or without an answer."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a readable JSONL ({e})") from None
+    if not records or not all(isinstance(r, dict) and isinstance(r.get("prompt"), str) for r in records):
+        raise UserError(f"{path}: expected one {{task, prompt[, answer]}} per line")
+    if n and len(records) < n:
+        raise UserError(f"{path} holds {len(records)} prompts, --n asks for {n}")
+    return records[:n or None]
+
+
 def machine():
     cpu = platform.processor() or platform.machine()
     if os.path.exists("/proc/cpuinfo"):

@@ -26,7 +26,7 @@ import cost
 import data
 from cli import Parser, UserError, add_device, load_checkpoint, model_from_checkpoint, run_cli, threshold
 from engine import CACHE_MODES, decode_step, generate_batch
-from extras.bench.eval import machine, score
+from extras.bench.eval import machine, read_prompts, score
 
 QUALITY_BATCH = 64  # AR's and fixed's accuracy passes: their outputs are the same at any batch size
 
@@ -52,7 +52,8 @@ def get_args(argv=None):
                    "(default all of them; the timing prompts for a checkpoint not trained here); 0 skips them")
     p.add_argument("--max_new_tokens", type=int, default=64, help="answer budget (default 64)")
     p.add_argument("--data", help="JSONL of {prompt, answer}: the prompts of a checkpoint not trained here "
-                   "(default: the built-in task set's held-out prompts)")
+                   "(default: the built-in task set's held-out prompts); with --accuracy_prompts 0 a prompt is "
+                   "enough, e.g. extras.real.distill's --heldout file")
     add_device(p)
     args = p.parse_args(argv)
     for name in ("B", "B_cache", "timing_prompts", "rounds", "max_new_tokens"):
@@ -69,7 +70,9 @@ def setup(args):
     model, tok = model_from_checkpoint(ckpt, args.device)
     ours = "train_config" in ckpt
     B = args.B or (ckpt["mars"]["B"] if "mars" in ckpt else 4)
-    if args.data:
+    if args.data and args.accuracy_prompts == 0:  # timing only: the prompts, no answer to score
+        examples = read_prompts(args.data, 0)
+    elif args.data:
         examples = data.read_jsonl(args.data)
     elif ours:
         cfg = ckpt["train_config"]

@@ -38,7 +38,7 @@ from cli import Parser, UserError, add_device, load_checkpoint, model_from_check
 from extras.bench.stats import wilson
 from extras.real import checks
 from extras.real.distill import decode_all
-from extras.bench.eval import machine
+from extras.bench.eval import machine, read_prompts
 
 # What the less obvious fields of the result mean (written into it).
 FIELDS = {
@@ -65,20 +65,6 @@ LOSSLESS = {"tau": 1.0, "lossless": True}
 
 def name(decoder):
     return "lossless" if decoder.get("lossless") else f"tau={decoder['tau']}"
-
-
-def read_heldout(path, n):
-    """The first n records of a held-out file of {task, prompt[, answer]} (extras.real.distill writes one)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            records = [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not a readable JSONL ({e})") from None
-    if not records or not all(isinstance(r, dict) and isinstance(r.get("prompt"), str) for r in records):
-        raise UserError(f"{path}: expected one {{task, prompt[, answer]}} per line")
-    if n and len(records) < n:
-        raise UserError(f"{path} holds {len(records)} prompts, --n asks for {n}")
-    return records[:n or None]
 
 
 def decode(model, tok, prompts, decoders, args, B=1):
@@ -296,7 +282,7 @@ def control_rows(ckpt, tok, examples, prompts, base_runs, args):
 def main(argv=None):
     args, clock = get_args(argv), Clock()
     command = shlex.join(["python", "-m", "extras.real.eval", *(sys.argv[1:] if argv is None else argv)])
-    examples = read_heldout(args.heldout, args.n)
+    examples = read_prompts(args.heldout, args.n)
     ckpt = load_checkpoint(args.ckpt, args.device)
     if "mars" not in ckpt:
         raise UserError(f"{args.ckpt} is not a MARS checkpoint (train.py --stage mars writes one)")
