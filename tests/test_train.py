@@ -466,15 +466,10 @@ def test_interrupted_mars_stage_resumes_to_the_uninterrupted_run(tiny_run, tmp_p
     assert untimed(d1 / "mars_log.json") == untimed(d2 / "mars_log.json")
 
 
-def compiler():
-    """The C++ compiler torch.compile's CPU backend builds its kernels with (inductor's default, g++), if any."""
-    return shutil.which(os.environ.get("CXX", "g++"))
-
-
 def test_compile_one_mars_step_matches_eager(tiny_run, tmp_path):
     """--compile trains (here one MARS step: the [noisy | clean] forward with its mask, compiled), writes a
     checkpoint that loads, and its loss is the eager one."""
-    if not compiler():
+    if not shutil.which(os.environ.get("CXX", "g++")):  # inductor's CPU backend builds its kernels with g++
         pytest.skip("torch.compile's CPU backend needs a C++ compiler: no g++ (or $CXX) on PATH")
     cmd = ["train.py", "--preset", "tiny", "--stage", "mars", "--mars_iters", "1", "--init_from", tiny_run / "ar.pt"]
     for name, extra in (("eager", []), ("compiled", ["--compile"])):

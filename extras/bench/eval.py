@@ -228,7 +228,7 @@ def read_prompts(path, n):
     if not records or not all(isinstance(r, dict) and isinstance(r.get("prompt"), str) for r in records):
         raise UserError(f"{path}: expected one {{task, prompt[, answer]}} per line")
     if n and len(records) < n:
-        raise UserError(f"{path} holds {len(records)} prompts, --n asks for {n}")
+        raise UserError(f"{path} holds {len(records)} prompts, fewer than the {n} asked for")
     return records[:n or None]
 
 
