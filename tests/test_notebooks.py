@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ONE_THREAD
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
@@ -32,23 +34,26 @@ NOTEBOOKS = ["01_attention_mask.ipynb", "02_training.ipynb", "03_sampling.ipynb"
 INLINE = "module://matplotlib_inline.backend_inline"  # inline figures even if the caller set MPLBACKEND=Agg
 
 
-def execute(path):
-    """The notebook at path, cleared of outputs and executed top to bottom in a fresh kernel (in memory)."""
+def execute(path, env=None):
+    """The notebook at path, cleared of outputs and executed top to bottom in a fresh kernel (in memory).
+    env: more environment variables for the kernel."""
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    env = os.environ.get("MPLBACKEND")
-    os.environ["MPLBACKEND"] = INLINE  # the kernel inherits this environment
+    env = {"MPLBACKEND": INLINE, **(env or {})}  # the kernel inherits this process's environment
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", record_timing=False,
                                          resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
         client.execute()  # raises CellExecutionError, with the cell and its traceback, if any cell fails
     finally:
-        if env is None:
-            os.environ.pop("MPLBACKEND")
-        else:
-            os.environ["MPLBACKEND"] = env
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
     return nb
 
 
@@ -72,7 +77,7 @@ def output_kinds(cell):
 def test_notebook_runs_and_its_committed_outputs_are_current(name):
     path = NOTEBOOKS_DIR / name
     committed = nbformat.read(path, as_version=4)
-    fresh = execute(path)
+    fresh = execute(path, ONE_THREAD)  # as every test: a second thread would wait on the core another test holds
     assert any("image/png" in out.get("data", {}) for c in code_cells(fresh) for out in c.outputs), \
         f"{name} rendered no picture"
 

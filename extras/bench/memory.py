@@ -6,7 +6,7 @@ Random weights built from the configuration alone (nothing is downloaded): hidde
 layers, 14 query heads and 2 key/value heads of 64, SwiGLU width 4864, vocabulary 151,936 rows,
 tied embeddings, q/k/v biases, rope_theta 1e6, RMSNorm eps 1e-6. One step as train.py takes it:
 mars.mars_loss on one sequence of 512 tokens (a 32-token prompt, the rest response, so 2 x 480
-logit rows), backward, the gradient clip, AdamW (fused, as train.py on a GPU). Two precisions,
+logit rows), backward, the gradient clip, AdamW (fused, as train.py). Two precisions,
 each in a fresh process so that each peak is its own: float32, and bfloat16 as train.py's
 --dtype bfloat16 runs it (float32 weights, gradients and AdamW states; forward and backward
 under torch.autocast to bfloat16). Memory is the process's resident set (getrusage's peak and
