@@ -10,12 +10,14 @@
 Writes <out_dir>/ar.pt and mars.pt (control.pt with --stage control; self-contained: weights, model config,
 tokenizer, training config, optimizer state for --resume), a JSON log and a loss plot per stage, summary.json.
 """
+import contextlib
 import math
 import os
 import time
 
 import torch
 import torch.distributed as dist
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cli import Parser, add_device, check_device, foreign
 
@@ -187,6 +189,18 @@ def fit_hf_schedule(args, name, rows, world):
 # The precision, measured: bf16 autocast is several times faster than float32 where the CPU or GPU has
 # native bf16, and 10-30x slower where it has not (e.g. AVX2 only), so the choice is timed, not assumed.
 
+def autocast(device, dtype):
+    """What a training forward and its loss run under: bf16 autocast, unless dtype is float32. On the CPU, bf16
+    attention takes the math path: there the flash kernel's bf16 backward made a whole step 17-30% slower
+    (docs/train_cpu.json: attention_backend). Decoding runs in float32 and never under this."""
+    device, stack = torch.device(device).type, contextlib.ExitStack()
+    if dtype != "float32":
+        stack.enter_context(torch.autocast(device, getattr(torch, dtype)))
+        if device == "cpu":
+            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+    return stack
+
+
 def step_timer(model, seq_len, device):
     """time_run(rows, bf16): seconds of one forward and backward of the model itself, as a training step runs
     it, on `rows` tokens in sequences of up to seq_len, in float32 or under bf16 autocast. The whole step, not
@@ -199,7 +213,7 @@ def step_timer(model, seq_len, device):
         x = torch.zeros(max(1, rows // seq_len), min(rows, seq_len), dtype=torch.long, device=device)
         sync()
         t = time.perf_counter()
-        with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+        with autocast(device, "bfloat16" if bf16 else "float32"):
             loss = model(x).float().logsumexp(-1).mean()
         loss.backward()
         sync()

@@ -5,6 +5,7 @@ Writes <out_dir>/ar.pt and mars.pt (control.pt with --stage control; self-contai
 tokenizer, training config, optimizer state for --resume), a JSON log and a loss plot per stage, summary.json.
 """
 import contextlib
+import functools
 import json
 import math
 import os
@@ -22,7 +23,7 @@ import engine
 import mars
 import tokenizer
 from cli import UserError, foreign, load_checkpoint, model_from_checkpoint, run_cli
-from config import MODEL_KEYS, choose_dtype, fit_hf_schedule, get_args, stage2_flags
+from config import MODEL_KEYS, autocast, choose_dtype, fit_hf_schedule, get_args, stage2_flags
 from model import GPT, GPTConfig
 
 STEP_COST = {"ar": 1.0, "control": 1.0, "mars": 1.9}  # time of a step against stage 1's (docs/profile_cpu.json)
@@ -68,8 +69,7 @@ class Stage:
             self.order.set_state(state["order_rng"])
         compiled = torch.compile(model) if args.compile else model
         self.model = DDP(compiled) if self.world > 1 else compiled  # what the loop runs; raw_model: the plain GPT
-        self.amp = torch.autocast(torch.device(args.device).type, getattr(torch, args.dtype),
-                                  enabled=args.dtype != "float32")
+        self.amp = functools.partial(autocast, args.device, args.dtype)  # args.dtype: choose_dtype's, or --dtype
 
     def draw(self):
         """A step's global batch (every process draws the same, then takes its share) and its random draws,
@@ -113,7 +113,7 @@ class Stage:
         self.raw_model.eval()
         sums, rng = {}, torch.Generator().manual_seed(1234)
         for i in range(0, len(self.val_seqs), self.micro):
-            with self.amp:
+            with self.amp():
                 x, y = self.batch(self.val_seqs[i:i + self.micro])
                 _, parts = self.loss(self.raw_model, x, y, self.draws(rng, 1)[0])
             for k, v in parts.items():
@@ -148,7 +148,7 @@ def train(stage, later=0.0):
             seqs, offset, weights = stage.draw()  # the global batch, its MARS block offset and --no_sft weights
             logged = {}
             for x, y, weight in stage.my_micro_batches(seqs, weights):  # the gradients add up
-                with stage.amp:
+                with stage.amp():
                     loss, parts = stage.loss(stage.model, x, y, offset, weight)
                 (loss / stage.accum).backward()
                 for k, v in parts.items():

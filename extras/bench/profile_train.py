@@ -17,6 +17,7 @@ warm-up, at each thread count and dtype: mean milliseconds per step of data (dra
 batch), forward (the loss), backward, optimizer (clip, step, zero_grad), and their sum, the step. Plus
 what mask and rotary tables cost per forward.
 """
+import functools
 import json
 import os
 import sys
@@ -82,7 +83,7 @@ def phases(stage):
         rows, offset, weights = stage.draw()
         return (*stage.batch(rows), offset, weights)
     (x, y, offset, weights), t_data = timed(draw)
-    with stage.amp:
+    with stage.amp():
         (loss, _), t_fwd = timed(stage.loss, stage.model, x, y, offset, weights)
     _, t_bwd = timed(loss.backward)
 
@@ -154,7 +155,7 @@ def main(argv=None):
         torch.set_num_threads(threads)
         for name, s in stages.items():
             s.buckets = buckets[name] if n == targs.buckets else data.length_buckets(s.seqs, 1)
-            s.amp = torch.autocast("cpu", torch.bfloat16, enabled=dtype == "bfloat16")
+            s.amp = functools.partial(config.autocast, "cpu", dtype)
             steps.append({"stage": name, "threads": threads, "dtype": dtype, "buckets": n,
                           "ms": profile(s, args.steps)})
             print(steps[-1], flush=True)
