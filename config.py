@@ -189,14 +189,18 @@ def fit_hf_schedule(args, name, rows, world):
 # The precision, measured: bf16 autocast is several times faster than float32 where the CPU or GPU has
 # native bf16, and 10-30x slower where it has not (e.g. AVX2 only), so the choice is timed, not assumed.
 
-def autocast(device, dtype):
+MATH_ATTENTION_MAX = 128  # [noisy | clean] positions up to which bf16 attention on the CPU is faster on the math path
+
+
+def autocast(device, dtype, max_seq_len):
     """What a training forward and its loss run under: bf16 autocast, unless dtype is float32. On the CPU, bf16
-    attention takes the math path: there the flash kernel's bf16 backward made a whole step 17-30% slower
-    (docs/train_cpu.json: attention_backend). Decoding runs in float32 and never under this."""
+    attention over at most MATH_ATTENTION_MAX positions ([noisy | clean]: 2 x max_seq_len) takes the math path:
+    there the flash kernel's bf16 backward made a cpu-preset step 17-30% slower, and from 256 positions on the
+    flash kernel is the faster (docs/train_cpu.json: attention_backend). Decoding is float32, never under this."""
     device, stack = torch.device(device).type, contextlib.ExitStack()
     if dtype != "float32":
         stack.enter_context(torch.autocast(device, getattr(torch, dtype)))
-        if device == "cpu":
+        if device == "cpu" and 2 * max_seq_len <= MATH_ATTENTION_MAX:
             stack.enter_context(sdpa_kernel(SDPBackend.MATH))
     return stack
 
@@ -213,7 +217,7 @@ def step_timer(model, seq_len, device):
         x = torch.zeros(max(1, rows // seq_len), min(rows, seq_len), dtype=torch.long, device=device)
         sync()
         t = time.perf_counter()
-        with autocast(device, "bfloat16" if bf16 else "float32"):
+        with autocast(device, "bfloat16" if bf16 else "float32", seq_len):
             loss = model(x).float().logsumexp(-1).mean()
         loss.backward()
         sync()

@@ -69,7 +69,7 @@ class Stage:
             self.order.set_state(state["order_rng"])
         compiled = torch.compile(model) if args.compile else model
         self.model = DDP(compiled) if self.world > 1 else compiled  # what the loop runs; raw_model: the plain GPT
-        self.amp = functools.partial(autocast, args.device, args.dtype)  # args.dtype: choose_dtype's, or --dtype
+        self.amp = functools.partial(autocast, args.device, args.dtype, args.max_seq_len)  # dtype: choose_dtype's
 
     def draw(self):
         """A step's global batch (every process draws the same, then takes its share) and its random draws,

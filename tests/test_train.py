@@ -18,8 +18,9 @@ import cli
 import config
 import data
 import mars
+import model
 import train
-from conftest import ONE_THREAD, ROOT, assert_one_line_error, run_cli
+from conftest import MASK, ONE_THREAD, ROOT, V, assert_one_line_error, run_cli, tiny_config
 
 SHORT = ["--preset", "tiny", "--ar_iters", "10", "--mars_iters", "10", "--eval_every", "5", "--save_every", "5"]
 
@@ -318,6 +319,33 @@ def test_bf16_autocast_on_cpu_both_stages(tmp_path):
         assert ckpt["train_config"]["dtype"] == "bfloat16"
         assert ckpt["train_config"]["precision"] == {"dtype": "bfloat16", "reason": "--dtype bfloat16"}
         assert all(v.dtype == torch.float32 for v in ckpt["model"].values())  # autocast keeps fp32 weights
+
+
+def test_cpu_bf16_attention_takes_the_math_path_at_the_flash_kernels_loss_and_gradients():
+    """Training's context on the CPU under bf16 (config.autocast) runs short attention on the math path, faster to
+    train there; the MARS loss and its gradients match plain bf16 autocast's (the flash kernel) to bf16's
+    precision. Long sequences keep the flash kernel; float32 turns nothing on."""
+    torch.manual_seed(0)
+    net = model.GPT(tiny_config())
+    x = torch.randint(V - 2, (4, 24))
+    y = torch.cat([torch.full((4, 6), -1), x[:, 7:], torch.full((4, 1), -1)], dim=1)  # a 6-token prompt
+
+    def loss_and_grads(context):
+        net.zero_grad(set_to_none=True)
+        with context:
+            flash_on = torch.backends.cuda.flash_sdp_enabled()  # sdpa_kernel's switches serve the CPU too
+            loss = mars.mars_loss(net, x, y, MASK, B=4)[0]
+        loss.backward()
+        return flash_on, loss.item(), torch.cat([p.grad.flatten() for p in net.parameters()])
+    flash_on, flash_loss, flash_grads = loss_and_grads(torch.autocast("cpu", torch.bfloat16))
+    math_flash_on, math_loss, math_grads = loss_and_grads(config.autocast("cpu", "bfloat16", 24))
+    assert flash_on and not math_flash_on
+    assert math_loss == pytest.approx(flash_loss, rel=1e-2) and torch.isfinite(math_grads).all()
+    assert torch.nn.functional.cosine_similarity(math_grads, flash_grads, dim=0) > 0.999
+    with config.autocast("cpu", "bfloat16", 256):  # 512 positions: the flash kernel is the faster there
+        assert torch.is_autocast_enabled("cpu") and torch.backends.cuda.flash_sdp_enabled()
+    with config.autocast("cpu", "float32", 24):
+        assert not torch.is_autocast_enabled("cpu") and torch.backends.cuda.flash_sdp_enabled()
 
 
 def test_gpu_preset_takes_a_step_on_cpu(tmp_path):

@@ -9,7 +9,7 @@ mars.mars_loss on one sequence of 512 tokens (a 32-token prompt, the rest respon
 logit rows), backward, the gradient clip, AdamW (fused, as train.py). Two precisions,
 each in a fresh process so that each peak is its own: float32, and bfloat16 as train.py's
 --dtype bfloat16 runs it (float32 weights, gradients and AdamW states; forward and backward
-under torch.autocast to bfloat16). Memory is the process's resident set (getrusage's peak and
+under config.autocast: bf16 autocast, flash attention at this length). Memory is the process's resident set (getrusage's peak and
 /proc's current VmRSS), on this CPU: torch has no allocator statistics for the CPU.
 """
 import json
@@ -22,7 +22,7 @@ import time
 
 from cli import Parser
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 OUT = os.path.join(ROOT, "docs", "memory_qwen2.5-0.5b.json")
 QWEN25_05B = dict(vocab_size=151936, max_seq_len=32768, n_layer=24, n_head=14, n_kv_head=2, n_embd=896, head_dim=64,
                   intermediate_size=4864, rope_base=1e6, norm_eps=1e-6, qkv_bias=True, tie_embeddings=True)
@@ -45,6 +45,7 @@ def one_step(dtype):
     sys.path.insert(0, ROOT)
     import torch
 
+    import config
     import mars
     from model import GPT, GPTConfig
     torch.manual_seed(0)
@@ -57,7 +58,7 @@ def one_step(dtype):
     y[0, PROMPT - 1:] = torch.randint(0, 151665, (T - PROMPT + 1,))
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.999), weight_decay=0.0, fused=True)
     t0 = time.time()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+    with config.autocast("cpu", dtype, T):
         loss, _, _ = mars.mars_loss(model, x, y, mask_id=151665, B=B)
     marks["forward"] = rss()
     loss.backward()

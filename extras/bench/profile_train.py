@@ -155,7 +155,7 @@ def main(argv=None):
         torch.set_num_threads(threads)
         for name, s in stages.items():
             s.buckets = buckets[name] if n == targs.buckets else data.length_buckets(s.seqs, 1)
-            s.amp = functools.partial(config.autocast, "cpu", dtype)
+            s.amp = functools.partial(config.autocast, "cpu", dtype, targs.max_seq_len)
             steps.append({"stage": name, "threads": threads, "dtype": dtype, "buckets": n,
                           "ms": profile(s, args.steps)})
             print(steps[-1], flush=True)
