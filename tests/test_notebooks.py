@@ -36,24 +36,15 @@ INLINE = "module://matplotlib_inline.backend_inline"  # inline figures even if t
 
 def execute(path, env=None):
     """The notebook at path, cleared of outputs and executed top to bottom in a fresh kernel (in memory).
-    env: more environment variables for the kernel."""
+    env: more environment variables for the kernel, on top of this process's."""
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    env = {"MPLBACKEND": INLINE, **(env or {})}  # the kernel inherits this process's environment
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", record_timing=False,
-                                         resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
-        client.execute()  # raises CellExecutionError, with the cell and its traceback, if any cell fails
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", record_timing=False,
+                                     resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
+    # raises CellExecutionError, with the cell and its traceback, if any cell fails
+    client.execute(env={**os.environ, "MPLBACKEND": INLINE, **(env or {})})  # the kernel's whole environment
     return nb
 
 

@@ -9,8 +9,9 @@ mars.mars_loss on one sequence of 512 tokens (a 32-token prompt, the rest respon
 logit rows), backward, the gradient clip, AdamW (fused, as train.py). Two precisions,
 each in a fresh process so that each peak is its own: float32, and bfloat16 as train.py's
 --dtype bfloat16 runs it (float32 weights, gradients and AdamW states; forward and backward
-under config.autocast: bf16 autocast, flash attention at this length). Memory is the process's resident set (getrusage's peak and
-/proc's current VmRSS), on this CPU: torch has no allocator statistics for the CPU.
+under config.autocast: bf16 autocast, flash attention at this length). Memory is the process's
+resident set (getrusage's peak and /proc's current VmRSS), on this CPU: torch has no allocator
+statistics for the CPU.
 """
 import json
 import os
