@@ -1,4 +1,5 @@
-"""The command line of train.py: its presets and flags, and the precision it trains in.
+"""The command lines: what all of them share (one-line errors, --device, tau), and train.py's presets and flags,
+resolved once into a frozen config, and the precision it trains in.
 
     python train.py                       # both stages with the default preset, then a held-out summary
     python train.py --preset tiny         # seconds, for tests
@@ -10,16 +11,64 @@
 Writes <out_dir>/ar.pt and mars.pt (control.pt with --stage control; self-contained: weights, model config,
 tokenizer, training config, optimizer state for --resume), a JSON log and a loss plot per stage, summary.json.
 """
+import argparse
 import contextlib
 import math
 import os
-import time
+import sys
 
 import torch
-import torch.distributed as dist
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from cli import Parser, add_device, check_device, foreign
+from checkpoint import UserError, check_device, from_hf
+
+
+def run_cli(main):
+    """Run a command-line main: a user's mistake becomes one line on stderr and exit 1."""
+    try:
+        main()
+    except BrokenPipeError:  # the reader left (e.g. `| head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except (UserError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, for every CLI of the project."""
+
+    def __init__(self, doc):
+        super().__init__(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def threshold(text):
+    """tau, as a command line or a chat command gives it."""
+    try:
+        tau = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < tau <= 1 or torch.tensor(tau, dtype=torch.float32) == 0:  # decoding compares in float32
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] (and above 0 in float32), got {tau}")
+    return tau
+
+
+def default_device():
+    """cuda where torch finds a GPU, else cpu: what every tool's --device is when the flag is not given."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_device(parser):
+    """The --device flag of every command line that loads a model; checkpoint.load_checkpoint checks it."""
+    parser.add_argument("--device", default=default_device(), help="cpu, cuda, cuda:1, ... (default cuda where a "
+                        "GPU is present, else cpu)")
+
+
+# ---------------------------------------------------------------------------
+# train.py's presets and flags
 
 # One source of truth for every number: flags override single entries.
 # dtype: the autocast precision; a preset without one measures which is faster on the device (choose_dtype).
@@ -61,8 +110,6 @@ OVERRIDES = [("n_layer", int, "layers"), ("n_head", int, "attention heads"), ("n
              ("warmup", float, "warmup, a fraction of the stage's steps"), ("weight_decay", float, "on matrices"),
              ("eval_every", int, "steps between validation losses"), ("save_every", int, "steps between checkpoints"),
              ("summary_limit", int, "validation and test prompts decoded at the end (default all)")]
-PROBE_SECONDS = 2.0  # what the precision probe may spend timing runs
-BF16_MARGIN = 0.9  # bf16 autocast only where it takes at most 90% of float32's time: noise alone never tips it
 
 
 def get_args(argv=None):
@@ -133,20 +180,6 @@ def resolve(p, args):
     return args
 
 
-def from_hf(path):
-    """Whether a run starts from a real model: a Hugging Face directory, a GGUF file (or an installed one's
-    short name, e.g. smollm2), or our checkpoint trained from one (it carries "hf"; read with mmap, so its
-    tensors stay on disk)."""
-    if path is None or os.path.isdir(path) or path.endswith(".gguf"):
-        return path is not None
-    if not os.path.exists(path):  # a short name; any other missing path is reported when the stage loads it
-        return foreign().names_model(path)
-    try:  # an unreadable file is reported when the stage loads it
-        return "hf" in torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception:
-        return False
-
-
 def stage2_flags(args):
     """What a MARS checkpoint records of its stage-2 flags (and --resume checks)."""
     return {"B": args.B, "ar_weight": args.ar_weight, "no_sft": args.no_sft, "block_offset": args.block_offset}
@@ -186,8 +219,7 @@ def fit_hf_schedule(args, name, rows, world):
 
 
 # ---------------------------------------------------------------------------
-# The precision, measured: bf16 autocast is several times faster than float32 where the CPU or GPU has
-# native bf16, and 10-30x slower where it has not (e.g. AVX2 only), so the choice is timed, not assumed.
+# The precision a training forward runs in (--dtype auto measures which is faster: precision.py)
 
 MATH_ATTENTION_MAX = 128  # [noisy | clean] positions up to which bf16 attention on the CPU is faster on the math path
 
@@ -203,91 +235,3 @@ def autocast(device, dtype, max_seq_len):
         if device == "cpu" and 2 * max_seq_len <= MATH_ATTENTION_MAX:
             stack.enter_context(sdpa_kernel(SDPBackend.MATH))
     return stack
-
-
-def step_timer(model, seq_len, device):
-    """time_run(rows, bf16): seconds of one forward and backward of the model itself, as a training step runs
-    it, on `rows` tokens in sequences of up to seq_len, in float32 or under bf16 autocast. The whole step, not
-    one matmul: the gain of bf16 on a matmul can be far larger than on a step (norms, attention, softmax and
-    the optimizer stay in float32). The gradients it leaves are dropped; no weight changes."""
-    device = torch.device(device)  # zeros as tokens: the values do not change the speed, nor the seeded RNG
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None  # time the work, not its launch
-
-    def time_run(rows, bf16):
-        x = torch.zeros(max(1, rows // seq_len), min(rows, seq_len), dtype=torch.long, device=device)
-        sync()
-        t = time.perf_counter()
-        with autocast(device, "bfloat16" if bf16 else "float32", seq_len):
-            loss = model(x).float().logsumexp(-1).mean()
-        loss.backward()
-        sync()
-        seconds = time.perf_counter() - t
-        model.zero_grad(set_to_none=True)
-        return seconds
-    return time_run
-
-
-def probe(time_run, tokens, budget=PROBE_SECONDS):
-    """(float32 seconds, bf16 seconds, rows): each precision's time for a step's `tokens` tokens, predicted as a
-    fixed part plus a cost per token from the best of up to 5 alternating rounds of runs on 1 and on `rows`
-    tokens, until the runs have taken `budget` seconds. The fixed part (the gradient of every weight, whatever
-    the tokens) dominates a big model's short runs and would hide the precisions' difference, which a step of
-    many tokens shows. Runs on 1 and 16 tokens warm up and size the rest: `rows` makes the slower precision's
-    cost per token a tenth of the budget."""
-    warm = [[min(time_run(n, bf16) for _ in range(2)) for n in (1, 16)] for bf16 in (False, True)]
-    per_token = max(max(t16 - t1, 1e-9) / 15 for t1, t16 in warm)
-    rows = max(16, min(tokens, int(budget / 10 / per_token)))
-    best, spent = {}, 0.0
-    for _ in range(5):
-        for bf16 in (False, True):
-            for n in (1, rows):
-                t = time_run(n, bf16)
-                best[n, bf16], spent = min(best.get((n, bf16), math.inf), t), spent + t
-        if spent > budget:
-            break
-
-    def predicted(bf16):
-        one, many = best[1, bf16], best[rows, bf16]
-        return one + max(many - one, 0.0) * (tokens - 1) / (rows - 1)
-    return predicted(False), predicted(True), rows
-
-
-def decide(float32_s, bfloat16_s):
-    """bf16 autocast where it takes at most BF16_MARGIN of float32's time."""
-    return "bfloat16" if bfloat16_s <= BF16_MARGIN * float32_s else "float32"
-
-
-def without_bf16(gpu):
-    """The precision record of a GPU without native bf16 (e.g. the T4 of free notebook services): float32, not
-    probed. Its fast precision is fp16, whose small gradients underflow unless the loss is scaled, and this
-    project does not scale the loss."""
-    return {"dtype": "float32", "device": gpu, "reason": f"{gpu} has no native bf16 (not probed), and fp16 would "
-            "need loss scaling, which this project does not do"}
-
-
-def choose_dtype(args, model, world, say):
-    """--dtype auto: predicts both precisions' time for a forward and backward of the model on a step's tokens
-    (probe, on one CPU thread) and trains in bf16 autocast only where it is clearly faster; a GPU without native bf16 trains
-    in float32 unprobed (without_bf16). Sets args.dtype and args.precision (the checkpoint's train_config and the
-    stage log record both) and says why."""
-    # emulation counts as support by default: a T4 runs bf16, but emulated and slower than float32
-    if args.device.startswith("cuda") and not torch.cuda.is_bf16_supported(including_emulation=False):
-        args.dtype, args.precision = "float32", without_bf16(torch.cuda.get_device_name(args.device))
-        return say(f"precision: float32: {args.precision['reason']} (--dtype forces either)")
-    tokens = (args.micro_batch or args.batch_size // world) * args.max_seq_len
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the precisions differ per core; a second thread may wait on a core others hold
-    times = torch.tensor(probe(step_timer(model, args.max_seq_len, args.device), tokens), device=args.device)
-    torch.set_num_threads(threads)
-    if dist.is_initialized():  # every process trains in rank 0's choice
-        dist.broadcast(times, 0)
-    fp32, bf16, rows = times.tolist()
-    args.dtype = decide(fp32, bf16)
-    where = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
-             else f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
-    reason = (f"bf16 autocast takes {bf16 / fp32:.2f}x float32's time ({1e3 * bf16:.2f} against {1e3 * fp32:.2f} ms "
-              f"for a forward and backward of the model on a step's {tokens} tokens, predicted from runs on 1 and "
-              f"{int(rows)}, {where}); bf16 needs {BF16_MARGIN}x or less")
-    args.precision = {"dtype": args.dtype, "reason": reason, "float32_ms": round(1e3 * fp32, 3),
-                      "bfloat16_ms": round(1e3 * bf16, 3), "tokens": tokens, "rows": int(rows), "device": where}
-    say(f"precision: {args.dtype}: {reason} (--dtype forces either)")

@@ -22,7 +22,6 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-MASK_MODES = ("fixed", "auto")
 PRIOR = 2.0  # a request's acceptance starts at the engine-wide rate, which counts as this many of its own forwards
 AUTO_CONTEXT = 128  # tokens each profiled row has cached: a prompt and an answer, as this project decodes
 

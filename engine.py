@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+import data
 import mars
-from cost import MASK_MODES, AutoMasks
 
 CACHE_MODES = ("none", "sliding", "block")
+MASK_MODES = ("fixed", "auto")  # auto: cost.py, imported only for it
 
 
 @dataclass(eq=False)  # requests compare by identity
@@ -174,7 +175,10 @@ class Engine:
         slots = cache_len or 2 * self.max_seq + max(2 * B, B_cache + 1)  # a joining prompt pads every window
         self.kv = None if cache == "none" else model.new_cache(0, slots)
         self.waiting, self.running, self.forwards = deque(), [], 0
-        self.auto = AutoMasks(self, step_cost, decode_step) if masks == "auto" and B > 1 else None  # t(batch, width)
+        self.auto = None
+        if masks == "auto" and B > 1:  # t(batch, width)
+            from cost import AutoMasks
+            self.auto = AutoMasks(self, step_cost, decode_step)
 
     @property
     def backlog(self):
@@ -298,3 +302,14 @@ def generate_batch(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="slid
     for r in requests:
         r.seconds = seconds
     return requests
+
+
+def decode_examples(model, tok, examples, batch_size=64, **decode):
+    """Yields (example, its finished Request, whether it is right: None without an "answer"), decoding batch_size
+    prompts at a time: sample.py's route where a flag needs the engine. decode goes to generate_batch."""
+    for i in range(0, len(examples), batch_size):
+        batch = examples[i:i + batch_size]
+        gens = generate_batch(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask,
+                              **{"n_vocab": tok.n_vocab, **decode})  # never an id past the tokenizer
+        for e, g in zip(batch, gens):
+            yield e, g, data.check(e, tok.answer(g.tokens)) if "answer" in e else None

@@ -13,13 +13,15 @@ tokens in the same forwards), and says which ran and why (`decoder`).
 import argparse
 import json
 import sys
+import time
+from types import SimpleNamespace
 
 import torch
 
 import data
-import engine
 import mars
-from cli import Parser, UserError, add_device, load_checkpoint, model_from_checkpoint, run_cli, threshold
+from checkpoint import UserError, load_checkpoint, model_from_checkpoint
+from config import Parser, add_device, run_cli, threshold
 
 
 @torch.inference_mode()
@@ -77,11 +79,11 @@ def get_args(argv=None):
     p.add_argument("--B", type=int, default=None, help="the paper's block size B: predictions per forward, B - 1 of "
                    "them from mask tokens (default: the checkpoint's)")
     p.add_argument("--max_accept", type=int, default=None, help="commit at most this many tokens per forward")
-    p.add_argument("--cache", choices=engine.CACHE_MODES, default="sliding",
+    p.add_argument("--cache", choices=("none", "sliding", "block"), default="sliding",
                    help="KV cache: sliding (default, fastest), block (the paper's block-level cache), none (reference)")
     p.add_argument("--B_cache", type=int, default=16, help="the paper's B_cache (--cache block, the paper's "
                    "block-level cache): positions filled between two cache writes (default 16)")
-    p.add_argument("--masks", choices=engine.MASK_MODES, default="fixed", help="mask tokens per forward: fixed "
+    p.add_argument("--masks", choices=("fixed", "auto"), default="fixed", help="mask tokens per forward: fixed "
                    "(default, the paper's) B - 1; auto: as many as pay for what they cost here (cost.py), so outputs "
                    "vary; under --cache block auto writes at every forward, as the sliding cache does")
     p.add_argument("--batch_size", type=int, default=1, help="prompts decoded together (default 1)")
@@ -109,32 +111,17 @@ def checked(p, args):
     return args
 
 
-def is_right(tok, example, tokens):
-    """Whether the generated tokens answer the example right; None when its answer is not known."""
-    return data.check(example, tok.decode([t for t in tokens if t != tok.eot])) if "answer" in example else None
-
-
-def decode_examples(model, tok, examples, batch_size=64, **decode):
-    """Yields (example, its finished engine.Request, whether it is right: None without an "answer"),
-    decoding batch_size prompts at a time; decode goes to engine.generate_batch."""
-    for i in range(0, len(examples), batch_size):
-        batch = examples[i:i + batch_size]
-        gens = engine.generate_batch(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask,
-                                     **{"n_vocab": tok.n_vocab, **decode})  # never an id past the tokenizer
-        for e, g in zip(batch, gens):
-            yield e, g, is_right(tok, e, g.tokens)
-
-
 def generate_examples(model, tok, examples, B, tau, max_new_tokens):
-    """What decode_examples yields, from `generate`, one prompt at a time (each output as an engine.Request)."""
+    """Yields (example, its output, whether it is right: None without an "answer"), from `generate`, one prompt
+    at a time; the output has what show reads of an engine.Request (tokens, chunks, forwards, seconds)."""
     for e in examples:
         prompt, max_seq = tok.prompt_ids(e["prompt"]), model.config.max_seq_len
         if len(prompt) >= max_seq:  # as the engine refuses it
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the model's context of {max_seq}")
-        t0 = engine.clock(model)
+        t0 = time.perf_counter()  # generate reads every forward's tokens back: the device is done when it returns
         out, chunks = generate(model, prompt, tok.eot, tok.mask, B, tau, max_new_tokens, tok.n_vocab)
-        g = engine.Request(prompt, tokens=out, chunks=chunks, forwards=len(chunks), seconds=engine.clock(model) - t0)
-        yield e, g, is_right(tok, e, out)
+        g = SimpleNamespace(tokens=out, chunks=chunks, forwards=len(chunks), seconds=time.perf_counter() - t0)
+        yield e, g, data.check(e, tok.answer(out)) if "answer" in e else None
 
 
 def decoder(args):
@@ -151,7 +138,7 @@ def decoder(args):
 def show(tok, example, g, correct, as_json, colour, ran):
     """One answer: the text, split into what each forward committed, and the statistics; for a held-out prompt
     (its answer known) whether it is right, and if not, what was expected; in JSON, which decoder ran (ran)."""
-    n, text = len(g.tokens), tok.decode([t for t in g.tokens if t != tok.eot])
+    n, text = len(g.tokens), tok.answer(g.tokens)
     # every forward the request took part in (the block cache's waits and writes too)
     stats = dict(tokens=n, forwards=g.forwards, tokens_per_forward=n / max(g.forwards, 1),
                  seconds=g.seconds, tokens_per_second=n / max(g.seconds, 1e-9))
@@ -160,7 +147,7 @@ def show(tok, example, g, correct, as_json, colour, ran):
         print(json.dumps({"prompt": example["prompt"], "text": text, **stats, **known,
                           "chunks": [tok.decode(c) for c in g.chunks], "ids": g.tokens, **ran}))
         return correct
-    pieces = [tok.decode([t for t in c if t != tok.eot]) for c in g.chunks]
+    pieces = [tok.answer(c) for c in g.chunks]
     # two alternating colours on a terminal, else "|": one piece per forward
     body = "".join(f"\033[{36 - 3 * (i % 2)}m{p}\033[0m" for i, p in enumerate(pieces)) if colour else "|".join(pieces)
     verdict = "" if correct is None else "  right" if correct else f"  wrong, expected: {example['answer']}"
@@ -198,8 +185,8 @@ def main(argv=None):
         raise UserError(f"{args.ckpt} has no held-out prompts of its own (not trained here): give --prompt or --chat")
     model, tok = model_from_checkpoint(ckpt, args.device, args.dtype)
     model.eval()
-    if not args.ar and "mars" not in ckpt:
-        raise UserError(f"{args.ckpt} is an AR checkpoint (no MARS block size): use --ar, or a MARS checkpoint")
+    if not (args.ar or args.B or "mars" in ckpt):  # --B: untrained masks, which tau = 1.0 and --lossless make exact
+        raise UserError(f"{args.ckpt} is an AR checkpoint (no MARS block size): use --ar, --B, or a MARS checkpoint")
     B = 1 if args.ar else args.B or ckpt["mars"]["B"]
     decode = dict(B=B, cache=args.cache, B_cache=args.B_cache, lossless=args.lossless, metric=args.metric,
                   temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens,
@@ -212,8 +199,9 @@ def main(argv=None):
         """Decode and show each example ({"prompt"}, with "answer" when known); returns how many came out right."""
         if ran["decoder"] == "paper loop":
             done = generate_examples(model, tok, examples, B, tau, args.max_new_tokens)
-        else:
-            done = decode_examples(model, tok, examples, args.batch_size, tau=tau, **decode)
+        else:  # the engine's route: only where a flag needs it
+            import engine
+            done = engine.decode_examples(model, tok, examples, args.batch_size, tau=tau, **decode)
         return sum(bool(show(tok, e, g, ok, args.json, colour, ran)) for e, g, ok in done)
 
     if args.chat:

@@ -18,12 +18,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import checkpoint
 import data
-import engine
 import mars
+import sample
 import tokenizer
-from cli import UserError, foreign, load_checkpoint, model_from_checkpoint, run_cli
-from config import MODEL_KEYS, autocast, choose_dtype, fit_hf_schedule, get_args, stage2_flags
+from checkpoint import UserError, foreign, load_checkpoint, model_from_checkpoint
+from config import MODEL_KEYS, autocast, fit_hf_schedule, get_args, run_cli, stage2_flags
 from model import GPT, GPTConfig
 
 STEP_COST = {"ar": 1.0, "control": 1.0, "mars": 1.9}  # time of a step against stage 1's (docs/profile_cpu.json)
@@ -132,8 +133,7 @@ class Stage:
             ckpt["mars"] = stage2_flags(self.args)
         elif self.name == "control":
             ckpt["control"] = {"B": self.args.B}
-        torch.save(ckpt, self.path + ".tmp")
-        os.replace(self.path + ".tmp", self.path)
+        checkpoint.save(ckpt, self.path)
 
 
 def train(stage, later=0.0):
@@ -237,21 +237,20 @@ def finish(stage):
               + ", ".join(f"{k} {100 * v:.0f}" for k, v in r["per_task"].items()), flush=True)
         record.update(val_accuracy=r["accuracy"], val_per_task=r["per_task"])
     record.update(stage_seconds=round(stage.seconds_before + time.time() - stage.t_created, 2),
-                  precision=stage.args.precision)  # the autocast dtype, and why (config.choose_dtype)
+                  precision=stage.args.precision)  # the autocast dtype, and why (precision.choose_dtype)
     write_log_and_plot(stage.name, stage.history, stage.args.out_dir)
 
 
 def score(model, tok, examples, B=1, tau=1.0):
     """Greedy exact-answer accuracy, overall and per family, and tokens per forward (output tokens over
-    the forwards each prompt took part in), decoding 64 prompts at a time."""
+    forwards), each prompt decoded by the paper's loop, sample.generate."""
     model.eval()
-    done = []
-    for i in range(0, len(examples), 64):  # n_vocab: never an id past the tokenizer's
-        done += engine.generate_batch(model, [tok.prompt_ids(e["prompt"]) for e in examples[i:i + 64]], tok.eot,
-                                      tok.mask, B=B, tau=tau, n_vocab=tok.n_vocab)
+    right, tokens, forwards = [], 0, 0
+    for e in examples:  # n_vocab: never an id past the tokenizer's
+        out, chunks = sample.generate(model, tok.prompt_ids(e["prompt"]), tok.eot, tok.mask, B, tau, n_vocab=tok.n_vocab)
+        right.append(int(data.check(e, tok.answer(out))))
+        tokens, forwards = tokens + len(out), forwards + len(chunks)
     model.train()
-    right = [int(data.check(e, tok.decode([t for t in g.tokens if t != tok.eot]))) for e, g in zip(examples, done)]
-    tokens, forwards = sum(len(g.tokens) for g in done), sum(g.forwards for g in done)
     tasks = sorted({e["task"] for e in examples})
     per_task = {f: [r for e, r in zip(examples, right) if e["task"] == f] for f in tasks}
     return {"n": len(right), "accuracy": sum(right) / len(right), "tokens_per_forward": tokens / max(forwards, 1),
@@ -366,6 +365,7 @@ def main(argv=None):
             rows = data.tokenize(splits["train"], tok, args.max_seq_len, 1 if name == "ar" else args.B)
             say(fit_hf_schedule(args, name, len(rows), world))
         if args.dtype == "auto":  # measured once, on the first stage's model and batch shape
+            from precision import choose_dtype  # the probe, off the method's path
             choose_dtype(args, model, world, say)
         train(Stage(name, model, tok, splits, args, (rank, world), state, hf), cost_after(name, names, args, splits))
         if world > 1:  # the next stage reads the checkpoint rank 0 has just written

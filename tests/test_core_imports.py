@@ -41,9 +41,48 @@ print("imported", len(ROOT_MODULES), "root modules")
 
 def test_root_modules_import_without_the_hugging_face_stack():
     names = sorted(p.stem for p in ROOT.glob("*.py"))
-    assert {"model", "mars", "data", "tokenizer", "cli", "sample", "train"} <= set(names)
+    assert SPINE <= set(names)
     code = f"BLOCKED = {BLOCKED!r}\nROOT_MODULES = {names!r}\n" + SCRIPT
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, **ONE_THREAD})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == f"imported {len(names)} root modules"
+
+
+SPINE = {"model", "mars", "train", "sample", "data", "tokenizer", "config", "checkpoint"}
+LOADED = """
+import os, runpy, sys
+sys.argv = ARGV
+try:
+    runpy.run_path(ARGV[0], run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+files = {getattr(mod, "__file__", None) or "" for mod in list(sys.modules.values())}
+print(sorted(os.path.relpath(f, ROOT)[:-3] for f in files if f.startswith(ROOT + os.sep)))  # train.py -> train
+"""
+
+
+def project_modules(argv, cwd):
+    """The project's modules a command has imported when it ends, run in a fresh interpreter."""
+    code = f"ARGV = {[str(a) for a in argv]!r}\nROOT = {str(ROOT)!r}\n" + LOADED
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return set(eval(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_the_papers_path_imports_the_spine_alone(tiny_run, tmp_path):
+    """python train.py and python sample.py run on the method's files; the engine comes in only for a flag that
+    needs it, cost.py only for --masks auto, the precision probe only for --dtype auto."""
+    train, sample, mars_pt = ROOT / "train.py", ROOT / "sample.py", tiny_run / "mars.pt"
+    ran = project_modules([train, "--preset", "tiny", "--ar_iters", "2", "--mars_iters", "2", "--n_train", "300",
+                           "--summary_limit", "4", "--out_dir", tmp_path, "--device", "cpu"], tmp_path)
+    assert ran == SPINE
+    assert project_modules([sample, "--ckpt", mars_pt, "--num_prompts", "2"], tmp_path) == SPINE - {"train"}
+    batched = project_modules([sample, "--ckpt", mars_pt, "--num_prompts", "2", "--batch_size", "2"], tmp_path)
+    assert batched == SPINE - {"train"} | {"engine"}
+    auto = project_modules([sample, "--ckpt", mars_pt, "--num_prompts", "2", "--masks", "auto"], tmp_path)
+    assert auto == SPINE - {"train"} | {"engine", "cost"}
+    probed = project_modules([train, "--preset", "tiny", "--stage", "ar", "--ar_iters", "1", "--n_train", "300",
+                              "--summary_limit", "2", "--dtype", "auto", "--out_dir", tmp_path / "p"], tmp_path)
+    assert probed == SPINE | {"precision"}

@@ -1,5 +1,5 @@
 """The one-GPU path: every tool that loads a model takes --device, cuda by default where a GPU is present
-(cli.default_device); a device the machine lacks is one line; extras.bench.gpu_check runs end to end (on the
+(config.default_device); a device the machine lacks is one line; extras.bench.gpu_check runs end to end (on the
 CPU in seconds, on CUDA where there is a GPU) and its estimate is FLOPs over an assumed throughput, as
 docs/gpu.md shows it."""
 import importlib
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import cli
+import checkpoint
 import config
 import model
 from conftest import tiny_config
@@ -35,8 +35,8 @@ def get_args(module, argv):
 def test_every_tool_defaults_to_cuda_where_a_gpu_is_present(module, monkeypatch):
     monkeypatch.setattr(config, "check_device", lambda device: None)  # train checks at once; here cuda is pretend
     for present, want in ((False, "cpu"), (True, "cuda")):
-        monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: present)
-        assert cli.default_device() == want
+        monkeypatch.setattr(config.torch.cuda, "is_available", lambda: present)
+        assert config.default_device() == want
         args = get_args(module, TOOLS[module])
         assert args.device == want
         if module == "train":  # and the toy's preset follows the device
@@ -47,12 +47,12 @@ def test_every_tool_defaults_to_cuda_where_a_gpu_is_present(module, monkeypatch)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the GPU the test asks for")
 @pytest.mark.parametrize("module", TOOLS)
 def test_a_device_the_machine_lacks_is_a_user_error(module, tmp_path, monkeypatch):
-    """Refused before any model loads (cli.check_device), as one line under cli.run_cli."""
+    """Refused before any model loads (checkpoint.check_device), as one line under config.run_cli."""
     monkeypatch.chdir(tmp_path)
     for name in ("h.jsonl", "v.jsonl"):  # the held-out and validation prompts read before the model
         (tmp_path / name).write_text('{"prompt": "Hi", "response": "Hello"}\n')
     main = importlib.import_module(module).main
-    with pytest.raises(cli.UserError, match="device 'cuda' is not available on this machine"):
+    with pytest.raises(checkpoint.UserError, match="device 'cuda' is not available on this machine"):
         main(TOOLS[module] + ["--device", "cuda"])
 
 

@@ -12,7 +12,7 @@ import transformers
 import data
 from extras.bench import eval as evaluate
 from extras.checkpoints import export
-import cli
+import checkpoint
 import config
 import sample
 import train
@@ -71,7 +71,7 @@ def test_only_the_last_assistant_turn_is_trained(qwen):
     everything after apply_chat_template(messages[:-1], add_generation_prompt=True), here without the
     newline Qwen's template writes after <|im_end|>, then <|im_end|> padding up to a multiple of B."""
     path, _, _ = qwen
-    _, tok = cli.model_from_checkpoint(cli.load_checkpoint(str(path)))
+    _, tok = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(str(path)))
     hftok = transformers.AutoTokenizer.from_pretrained(path)
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say 3."},
             {"role": "assistant", "content": "3"}, {"role": "user", "content": "What is 3 plus 3?"},
@@ -96,7 +96,7 @@ def test_only_the_last_assistant_turn_is_trained(qwen):
 
 def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, mars_run, tmp_path, capsys):
     path, _, _ = qwen
-    ckpt = cli.load_checkpoint(str(mars_run))
+    ckpt = checkpoint.load_checkpoint(str(mars_run))
     cfg = ckpt["train_config"]
     # the recipe is the default for a Hugging Face directory, and flags override single values; the given batch
     # and steps win over the schedule, whose lr follows the batch: 5e-6 at 384, times sqrt(4 / 384) at 4
@@ -109,7 +109,7 @@ def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, m
     # rows of at most 512 tokens (the recipe), within the model's context (256 here)
     assert cfg["max_seq_len"] == 256 and cfg["mars_iters"] == 3 and cfg["micro_batch"] == 2
     assert ckpt["mars"]["B"] == 4 and ckpt["stage"] == "mars" and ckpt["done"] and ckpt["hf"]["model_type"] == "qwen2"
-    source = cli.load_checkpoint(str(path))
+    source = checkpoint.load_checkpoint(str(path))
     assert ckpt["model_config"] == source["model_config"]  # the shape comes from config.json
     assert ckpt["tokenizer"] == source["tokenizer"]  # self-contained: vocabulary, specials, chat template
     moved = [k for k in source["model"] if not torch.equal(source["model"][k], ckpt["model"][k])]
@@ -117,7 +117,7 @@ def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, m
     assert max((source["model"][k] - ckpt["model"][k]).abs().max() for k in moved) < 1e-3  # at lr 5.1e-7
     assert all(len(h) and torch.isfinite(torch.tensor(h["loss"])) for h in ckpt["history"])
     # it samples (AR and MARS), and its export generates in transformers what sample.py --ar generates
-    _, tok = cli.model_from_checkpoint(ckpt)
+    _, tok = checkpoint.model_from_checkpoint(ckpt)
     want = []
     for flags in (["--ar"], ["--threshold", "0.5"]):
         capsys.readouterr()
@@ -134,7 +134,7 @@ def test_continued_ar_sft_on_a_hugging_face_directory(qwen):
     path, jsonl, root = qwen
     run_train("--stage", "ar", "--init_from", path, "--data", jsonl, "--out_dir", root / "ar", "--device", "cpu",
               "--ar_iters", 2, "--batch_size", 2, "--micro_batch", 1, "--dtype", "float32")
-    ckpt = cli.load_checkpoint(str(root / "ar" / "ar.pt"))
+    ckpt = checkpoint.load_checkpoint(str(root / "ar" / "ar.pt"))
     assert ckpt["stage"] == "ar" and "mars" not in ckpt and "hf" in ckpt and ckpt["train_config"]["ar_iters"] == 2
     assert trained_from_hf_is_recipe(root / "ar" / "ar.pt")
 
@@ -146,7 +146,7 @@ def trained_from_hf_is_recipe(path):
 
 def test_hugging_face_directory_needs_data_and_the_recipe_needs_a_model(qwen, tmp_path):
     path, _, _ = qwen
-    with pytest.raises(ValueError, match="needs --data"):  # one line under cli.run_cli, as a UserError is
+    with pytest.raises(ValueError, match="needs --data"):  # one line under config.run_cli, as a UserError is
         run_train("--stage", "mars", "--init_from", path, "--out_dir", tmp_path, "--device", "cpu")
     with pytest.raises(SystemExit):
         config.get_args(["--preset", "hf"])

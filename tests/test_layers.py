@@ -1,9 +1,10 @@
 """The modules form layers and import downwards only, counting imports inside functions too. At the root,
-the method: model, mars, data, tokenizer at the bottom (they import none of ours), cli (checkpoints) on
-model and tokenizer, engine on model, mars and cost, sample on engine and cli, config (train's command
-line) on cli, train on all of them but sample. extras/ sits above the root, in rooms (checkpoints, serving,
-bench, real), each importing what its __init__.py says; the root reaches extras at one seam only,
-cli.foreign(), which imports extras/checkpoints/foreign.py. No import cycle, lazy imports included.
+the method: model, mars, data, tokenizer at the bottom (they import none of ours), checkpoint on model and
+tokenizer, config (the command lines) on checkpoint, sample on those, train on those and sample; off the
+method's path, precision (the probe) on config, engine on model, mars and cost, and cli (extras/real's import
+path) on checkpoint and config. extras/ sits above the root, in rooms (checkpoints, serving, bench, real), each
+importing what its __init__.py says; the root reaches extras at one seam only, checkpoint.foreign(), which
+imports extras/checkpoints/foreign.py. No import cycle, lazy imports included.
 Read from the source with ast, so nothing is imported."""
 import ast
 
@@ -12,21 +13,23 @@ from conftest import ROOT
 BOTTOM = {"model", "mars", "data", "tokenizer"}
 ALLOWED = {  # what each root module may import of the root, at module level or inside a function
     **{name: set() for name in BOTTOM},
-    "cli": {"model", "tokenizer"},  # loading a checkpoint builds both
+    "checkpoint": {"model", "tokenizer"},  # loading a checkpoint builds both
+    "config": {"checkpoint"},  # UserError, and whether a run starts from a real model
     "cost": set(),  # the step-cost model: the engine hands it its forward to time
-    "engine": {"model", "mars", "cost"},
-    "sample": BOTTOM | {"cli", "engine"},
-    "config": {"cli"},  # a real model's short names through cli.foreign()
-    "train": BOTTOM | {"cli", "config", "engine"},
+    "engine": {"model", "mars", "data", "cost"},
+    "precision": {"config"},  # the probe times a step under config.autocast
+    "cli": {"checkpoint", "config"},
+    "sample": BOTTOM | {"checkpoint", "config", "engine"},
+    "train": BOTTOM | {"checkpoint", "config", "precision", "sample"},
 }
-SEAM = ("cli", "foreign", "extras.checkpoints.foreign")  # the one root function that imports extras, and what
+SEAM = ("checkpoint", "foreign", "extras.checkpoints.foreign")  # the one root function that imports extras, and what
 ROOMS = {  # what each room of extras/ may import besides its own modules (the root: any root module)
-    "extras.checkpoints": {"model", "tokenizer", "data"},  # not cli: cli imports foreign.py
+    "extras.checkpoints": {"model", "tokenizer", "data"},  # not checkpoint: it imports foreign.py
     "extras.serving": {"root", "extras.bench"},
     "extras.bench": {"root"},
     "extras.real": {"root", "extras.bench"},
 }
-COMMANDS = {"extras.checkpoints.export": {"cli"}}  # a command line in a room cli imports; cli never imports it
+COMMANDS = {"extras.checkpoints.export": {"checkpoint", "config"}}  # a command line in a room checkpoint imports
 
 
 def module_name(path):
@@ -84,7 +87,7 @@ def problems(graph):
             if name in ALLOWED and other in ALLOWED and other not in ALLOWED[name]:
                 out.append(f"{name}.py imports {other}")
             if name in ALLOWED and other.startswith("extras") and (name, where, other) != SEAM:
-                out.append(f"{name}.py imports {other} outside cli.foreign")
+                out.append(f"{name}.py imports {other} outside checkpoint.foreign")
             if room(name) and room(other) != room(name) and other not in COMMANDS.get(name, ()):
                 may = ROOMS.get(room(name), set())
                 if not (other in may or room(other) in may or ("root" in may and other in ALLOWED)):
@@ -114,7 +117,7 @@ def test_imports_point_down_and_the_root_reaches_extras_at_the_seam():
     graph = modules()
     assert {"tokenizer", "extras.checkpoints.hf", "extras.serving.server", "extras.checkpoints.foreign"} <= graph.keys()
     assert ("extras.checkpoints.hf_tokenizer", None) in graph["extras.checkpoints.hf"]
-    assert graph["cli"] >= {("extras.checkpoints.foreign", "foreign")}  # the seam, seen inside its function
+    assert graph["checkpoint"] >= {("extras.checkpoints.foreign", "foreign")}  # the seam, seen inside its function
     assert ("extras.serving.scheduler", None) in graph["extras.serving.server"]
     assert problems(graph) == []
 
@@ -124,19 +127,19 @@ def test_the_check_sees_upward_imports_cycles_and_imports_past_the_seam():
              "extras.serving", "extras.serving.serve", "extras.serving.server"}
     graph = {"model": imports("import mars\n", "model", known), "mars": set(),
              "engine": imports("import model\ndef f():\n    from extras.serving import serve\n", "engine", known),
-             "cli": imports("def foreign():\n    from extras.checkpoints import foreign\n", "cli", known),
+             "checkpoint": imports("def foreign():\n    from extras.checkpoints import foreign\n", "checkpoint", known),
              "tokenizer": imports("from extras.checkpoints.hf import export\n", "tokenizer", known),
              "extras.checkpoints.foreign": imports("from . import hf\n", "extras.checkpoints.foreign", known),
-             "extras.checkpoints.hf": imports("import cli\nimport model\n", "extras.checkpoints.hf", known),
+             "extras.checkpoints.hf": imports("import checkpoint\nimport model\n", "extras.checkpoints.hf", known),
              "extras.serving.serve": imports("from . import server\n", "extras.serving.serve", known),
              "extras.serving.server": imports("def run():\n    from .serve import Served\n",
                                               "extras.serving.server", known)}
     assert graph["engine"] == {("model", None), ("extras.serving.serve", "f")}
     assert graph["extras.serving.server"] == {("extras.serving.serve", "run")}  # a relative, lazy import
     assert problems(graph) == [
-        "engine.py imports extras.serving.serve outside cli.foreign",
-        "extras.checkpoints.hf imports cli, which its room may not", "model.py imports mars",
-        "tokenizer.py imports extras.checkpoints.hf outside cli.foreign",
-        "an import cycle through cli", "an import cycle through extras.checkpoints.foreign",
+        "engine.py imports extras.serving.serve outside checkpoint.foreign",
+        "extras.checkpoints.hf imports checkpoint, which its room may not", "model.py imports mars",
+        "tokenizer.py imports extras.checkpoints.hf outside checkpoint.foreign",
+        "an import cycle through checkpoint", "an import cycle through extras.checkpoints.foreign",
         "an import cycle through extras.checkpoints.hf",
         "an import cycle through extras.serving.serve", "an import cycle through extras.serving.server"]

@@ -343,9 +343,9 @@ def test_decoding_window_is_the_training_noisy_stream(tiny_run):
     stream's (the AR logit), each mask's is the noisy stream's at its position. It holds when the masks start on
     the training grid (s % B == 0); elsewhere the window is not a training context, and it fails (so the check
     can fail)."""
-    import cli
-    ckpt = cli.load_checkpoint(str(tiny_run / "mars.pt"))
-    model, tok = cli.model_from_checkpoint(ckpt)
+    import checkpoint
+    ckpt = checkpoint.load_checkpoint(str(tiny_run / "mars.pt"))
+    model, tok = checkpoint.model_from_checkpoint(ckpt)
     model = model.double().eval()
     B, cfg = ckpt["mars"]["B"], ckpt["train_config"]
     examples = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["val"][:6]

@@ -14,11 +14,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import cli
+import checkpoint
 import config
 import data
 import mars
 import model
+import precision
 import train
 from conftest import MASK, ONE_THREAD, ROOT, V, assert_one_line_error, run_cli, tiny_config
 
@@ -33,7 +34,7 @@ def assert_checkpoint(path, stage, done=True):
     ckpt = load(path)
     assert {"model", "model_config", "tokenizer", "train_config"} <= ckpt.keys()
     assert ckpt["stage"] == stage and ckpt["done"] is done
-    model, tok = cli.model_from_checkpoint(ckpt)  # weights, config and tokenizer fit together
+    model, tok = checkpoint.model_from_checkpoint(ckpt)  # weights, config and tokenizer fit together
     assert model.config.vocab_size == tok.n_vocab
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
     return ckpt
@@ -66,7 +67,7 @@ def test_each_stage_logs_its_validation_accuracy(tiny_run):
     val = data.build_instruction_set(0, tiny["n_train"])["val"][:tiny["summary_limit"]]
     for stage, B in (("ar", 1), ("mars", 4)):
         last = json.loads((tiny_run / f"{stage}_log.json").read_text())[-1]
-        model, tok = cli.model_from_checkpoint(load(tiny_run / f"{stage}.pt"))
+        model, tok = checkpoint.model_from_checkpoint(load(tiny_run / f"{stage}.pt"))
         r = score(model.eval(), tok, val, B=B, tau=1.0)
         assert last["val_accuracy"] == r["accuracy"]
         assert last["val_per_task"] == {k: round(v["accuracy"], 4) for k, v in r["per_task"].items()}
@@ -386,7 +387,7 @@ def test_precision_probe_picks_float32_without_native_bf16_and_dtype_forces(tmp_
 
 
 def simulated(per_row, bf16_ratio, fixed=0.0):
-    """A time_run for config.probe: float32 takes `fixed` seconds plus per_row a row, bf16 the same fixed part
+    """A time_run for precision.probe: float32 takes `fixed` seconds plus per_row a row, bf16 the same fixed part
     plus bf16_ratio times float32's per row; and the list of (rows, bf16, seconds) it was asked for."""
     runs = []
 
@@ -403,14 +404,14 @@ def test_precision_probe_decides_on_a_clear_margin_within_its_budget(bf16_ratio,
     runs after the warm-up take about the probe's budget in all, however slow bf16 is, as the rows shrink
     until the slower precision's run takes a tenth of it (16 rows at least, for a cost per token to show)."""
     time_run, runs = simulated(1e-4, bf16_ratio)
-    fp32, bf16, rows = config.probe(time_run, tokens=8192, budget=2.0)
-    assert config.decide(fp32, bf16) == want
+    fp32, bf16, rows = precision.probe(time_run, tokens=8192, budget=2.0)
+    assert precision.decide(fp32, bf16) == want
     assert (fp32, bf16) == pytest.approx((8192 * 1e-4, 8192 * 1e-4 * bf16_ratio))
     timed = runs[8:]  # after two warm-up runs of each precision on 1 and on 16 tokens
     assert {r for r, _, _ in timed} == {1, rows} and max(t for _, _, t in timed) <= max(0.2, 16e-4 * bf16_ratio)
     assert sum(t for _, _, t in timed) <= 2.0 + 2 * 0.2
     time_run, _ = simulated(1e-9, bf16_ratio)  # a fast device: the whole step's tokens
-    assert config.probe(time_run, tokens=8192, budget=2.0)[2] == 8192
+    assert precision.probe(time_run, tokens=8192, budget=2.0)[2] == 8192
 
 
 def test_the_probe_sees_through_a_big_models_fixed_cost():
@@ -418,10 +419,10 @@ def test_the_probe_sees_through_a_big_models_fixed_cost():
     0.4x float32's cost per token. A run on a few tokens shows the two alike; the prediction for a step of
     2,048 tokens shows bf16's gain, and the probe chooses it."""
     time_run, runs = simulated(6e-3, 0.4, fixed=0.5)
-    fp32, bf16, rows = config.probe(time_run, tokens=2048, budget=2.0)
+    fp32, bf16, rows = precision.probe(time_run, tokens=2048, budget=2.0)
     assert runs[4][2] / runs[0][2] > 0.95  # one token: the precisions look the same
     assert (fp32, bf16) == pytest.approx((0.5 + 2048 * 6e-3, 0.5 + 2048 * 6e-3 * 0.4))
-    assert config.decide(fp32, bf16) == "bfloat16" and 16 <= rows < 2048
+    assert precision.decide(fp32, bf16) == "bfloat16" and 16 <= rows < 2048
 
 
 def test_a_gpu_without_bf16_trains_in_float32_unprobed(monkeypatch):
@@ -429,19 +430,19 @@ def test_a_gpu_without_bf16_trains_in_float32_unprobed(monkeypatch):
     name the GPU. The check asks for native bf16: by default torch counts a T4's emulation as support. On a CPU
     the probe still decides, whatever CUDA would say."""
     asked, said = [], []
-    monkeypatch.setattr(config.torch.cuda, "is_bf16_supported", lambda **kw: asked.append(kw) or False)
-    monkeypatch.setattr(config.torch.cuda, "get_device_name", lambda device=None: f"Tesla T4 ({device})")
-    monkeypatch.setattr(config, "probe", lambda *a, **k: pytest.fail("a GPU without bf16 was probed"))
+    monkeypatch.setattr(precision.torch.cuda, "is_bf16_supported", lambda **kw: asked.append(kw) or False)
+    monkeypatch.setattr(precision.torch.cuda, "get_device_name", lambda device=None: f"Tesla T4 ({device})")
+    monkeypatch.setattr(precision, "probe", lambda *a, **k: pytest.fail("a GPU without bf16 was probed"))
     args = SimpleNamespace(device="cuda:1", dtype="auto", precision=None)
-    config.choose_dtype(args, None, 1, said.append)
+    precision.choose_dtype(args, None, 1, said.append)
     assert asked == [{"including_emulation": False}] and args.dtype == "float32"
     assert args.precision == {"dtype": "float32", "device": "Tesla T4 (cuda:1)", "reason": "Tesla T4 (cuda:1) has "
                               "no native bf16 (not probed), and fp16 would need loss scaling, which this project "
                               "does not do"}
     assert said == [f"precision: float32: {args.precision['reason']} (--dtype forces either)"]
-    monkeypatch.setattr(config, "probe", lambda *a, **k: (1.0, 0.5, 16))  # bf16 twice as fast
+    monkeypatch.setattr(precision, "probe", lambda *a, **k: (1.0, 0.5, 16))  # bf16 twice as fast
     args = SimpleNamespace(device="cpu", dtype="auto", micro_batch=None, batch_size=16, max_seq_len=64)
-    config.choose_dtype(args, None, 1, said.append)
+    precision.choose_dtype(args, None, 1, said.append)
     assert args.dtype == "bfloat16" and args.precision["bfloat16_ms"] == 500 and len(asked) == 1
 
 

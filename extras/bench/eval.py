@@ -46,11 +46,11 @@ import torch
 
 import data
 import mars
-from cli import Parser, UserError, add_device, load_checkpoint, model_from_checkpoint, run_cli
-from engine import MASK_MODES, generate_batch
+from checkpoint import UserError, load_checkpoint, model_from_checkpoint
+from config import Parser, add_device, run_cli
+from engine import MASK_MODES, decode_examples, generate_batch
 from extras.bench.report import markdown, plot
 from extras.bench.stats import paired, wilson
-from sample import decode_examples
 
 # The paper's Table 5 (Qwen2.5-7B, one H200, GSM8K, tau = 0.95), for the report.
 PAPER_TABLE5 = ("paper (Qwen2.5-7B, one H200, GSM8K, tau = 0.95): block cache 1.71x at batch 4 (B_cache 32), "

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from cli import Parser
+from config import Parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 OUT = os.path.join(ROOT, "docs", "memory_qwen2.5-0.5b.json")

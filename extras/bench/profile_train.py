@@ -31,7 +31,7 @@ import data
 import mars
 import model as model_py
 import train
-from cli import Parser, run_cli
+from config import Parser, run_cli
 from extras.bench.eval import machine
 
 

@@ -1,11 +1,12 @@
-"""One of our checkpoints (or any that cli.load_checkpoint reads) written as a Hugging Face directory that
+"""One of our checkpoints (or any that checkpoint.load_checkpoint reads) written as a Hugging Face directory that
 transformers loads as Qwen2ForCausalLM or LlamaForCausalLM (extras/checkpoints/hf.py: export):
 
     python -m extras.checkpoints.export out/mars.pt hf_out      # then AutoModelForCausalLM.from_pretrained("hf_out")
 
-A command line, so it imports cli; cli never imports it.
+A command line, so it imports checkpoint and config; neither imports it.
 """
-from cli import Parser, load_checkpoint, run_cli
+from checkpoint import load_checkpoint
+from config import Parser, run_cli
 from extras.checkpoints.hf import export
 
 

@@ -1,9 +1,9 @@
-"""The root's one door into extras/: what cli.foreign() returns, for a checkpoint that is not one of ours.
+"""The root's one door into extras/: what checkpoint.foreign() returns, for a checkpoint that is not one of ours.
 
-cli.py reads a Hugging Face directory or a GGUF file (or an installed one's short name) through
+checkpoint.py reads a Hugging Face directory or a GGUF file (or an installed one's short name) through
 read_checkpoint, asks names_model whether a path is such a model, rebuilds a tokenizer whose chat
 template is a model's own (tokenizer_from_state: jinja2), and train.py starts a stage from a real
-model with start_stage. Nothing here imports cli: cli imports this module, inside cli.foreign() only.
+model with start_stage. Nothing here imports checkpoint: it imports this module, inside checkpoint.foreign() only.
 """
 from extras.checkpoints import gguf_file, hf
 from extras.checkpoints.hf_tokenizer import tokenizer_from_state

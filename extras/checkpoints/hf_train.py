@@ -1,5 +1,5 @@
 """MARS fine-tuning of a real (Hugging Face) model: the start of a stage from a Hugging Face directory or a
-GGUF file, or from one of our checkpoints trained from one. train.py reaches it through cli.foreign() on that
+GGUF file, or from one of our checkpoints trained from one. train.py reaches it through checkpoint.foreign() on that
 path only; its recipe is config.PRESETS["hf"], its schedule config.hf_schedule:
 
     python train.py --stage mars --init_from Qwen2.5-0.5B-Instruct/ --data my.jsonl
@@ -23,7 +23,7 @@ def names_model(path):
 def start_stage(name, state, args, splits, model_keys, load_checkpoint, model_from_checkpoint):
     """(model, tokenizer, splits, the source's "hf" record) for a stage, or ValueError. The directory starts every
     stage, except that --stage all runs its MARS stage from the AR SFT it has just trained (<out_dir>/ar.pt).
-    load_checkpoint, model_from_checkpoint: cli's (train.py passes them: nothing in extras/checkpoints imports cli)."""
+    load_checkpoint, model_from_checkpoint: checkpoint.py's (train.py passes them: nothing in extras/checkpoints imports it)."""
     after_ar = args.init_from is None or (names_model(args.init_from) and name != "ar" and args.stage == "all")
     source = state or load_checkpoint(os.path.join(args.out_dir, "ar.pt") if after_ar else args.init_from)
     if state is None and source.get("stage") not in ("ar", "hf"):
