@@ -1,5 +1,5 @@
-"""The command lines: what all of them share (one-line errors, --device, tau), and train.py's presets and flags,
-resolved once into a frozen config, and the precision it trains in.
+"""The command lines: what all of them share (one-line errors, --device, tau), then train.py's presets and flags
+and the precision context it trains in (--dtype auto measures which is faster: precision.py).
 
     python train.py                       # both stages with the default preset, then a held-out summary
     python train.py --preset tiny         # seconds, for tests

@@ -77,7 +77,8 @@ def get_args(argv=None):
     p.add_argument("--metric", choices=mars.METRICS, default="prob",
                    help="confidence: prob of the token (default), margin top1-top2, or 1 - normalised entropy")
     p.add_argument("--B", type=int, default=None, help="the paper's block size B: predictions per forward, B - 1 of "
-                   "them from mask tokens (default: the checkpoint's)")
+                   "them from mask tokens (default: the checkpoint's; on an AR checkpoint its masks are untrained, "
+                   "exact at tau 1.0 and with --lossless)")
     p.add_argument("--max_accept", type=int, default=None, help="commit at most this many tokens per forward")
     p.add_argument("--cache", choices=("none", "sliding", "block"), default="sliding",
                    help="KV cache: sliding (default, fastest), block (the paper's block-level cache), none (reference)")
@@ -124,7 +125,7 @@ def generate_examples(model, tok, examples, B, tau, max_new_tokens):
         yield e, g, data.check(e, tok.answer(out)) if "answer" in e else None
 
 
-def decoder(args):
+def route(args):
     """Which decodes this command, and why: `generate` (any tau; --ar is B = 1) unless a flag needs the engine."""
     needs = {"--batch_size": args.batch_size != 1, "--cache": args.cache != "sliding", "--lossless": args.lossless,
              "--temperature": args.temperature != 0, "--metric": args.metric != "prob",
@@ -191,7 +192,7 @@ def main(argv=None):
     decode = dict(B=B, cache=args.cache, B_cache=args.B_cache, lossless=args.lossless, metric=args.metric,
                   temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens,
                   masks=args.masks)
-    colour, ran = sys.stdout.isatty(), decoder(args)
+    colour, ran = sys.stdout.isatty(), route(args)
     if not args.json:  # a JSON object names it itself
         print(f"decoder: {ran['decoder']} ({ran['why']})\n")
 

@@ -1,8 +1,6 @@
 """Train stage 1 (AR SFT) and stage 2 (MARS) on the instruction set: `python train.py` (presets, flags and the
-precision probe: config.py, or python train.py --help). Each stage runs one loop, `train`; only its loss differs.
-
-Writes <out_dir>/ar.pt and mars.pt (control.pt with --stage control; self-contained: weights, model config,
-tokenizer, training config, optimizer state for --resume), a JSON log and a loss plot per stage, summary.json.
+precision probe: config.py, precision.py; what a run writes: python train.py --help). Each stage runs one loop,
+`train`; only its loss differs.
 """
 import contextlib
 import functools
@@ -27,7 +25,7 @@ from checkpoint import UserError, foreign, load_checkpoint, model_from_checkpoin
 from config import MODEL_KEYS, autocast, fit_hf_schedule, get_args, run_cli, stage2_flags
 from model import GPT, GPTConfig
 
-STEP_COST = {"ar": 1.0, "control": 1.0, "mars": 1.9}  # time of a step against stage 1's (docs/profile_cpu.json)
+STEP_TIME = {"ar": 1.0, "control": 1.0, "mars": 1.9}  # time of a step against stage 1's (docs/profile_cpu.json)
 
 
 def lr_at(it, peak, warmup_frac, iters):
@@ -72,14 +70,14 @@ class Stage:
         self.model = DDP(compiled) if self.world > 1 else compiled  # what the loop runs; raw_model: the plain GPT
         self.amp = functools.partial(autocast, args.device, args.dtype, args.max_seq_len)  # dtype: choose_dtype's
 
-    def draw(self):
+    def next_batch(self):
         """A step's global batch (every process draws the same, then takes its share) and its random draws,
         from a generator the batch order seeds, so that a resumed run draws them again."""
         seqs = [self.seqs[i] for i in data.draw_batch(self.buckets, self.args.batch_size, self.order)]
         step_rng = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=self.order)))
-        return (seqs, *self.draws(step_rng, len(seqs)))
+        return (seqs, *self.random_draws(step_rng, len(seqs)))
 
-    def draws(self, rng, n):
+    def random_draws(self, rng, n):
         """Random draws for n sequences: the MARS block offset, and the --no_sft weights (1/t per sequence)."""
         a = self.args
         offset = int(torch.randint(a.B, (1,), generator=rng)) if a.block_offset == "random" else 0
@@ -116,7 +114,7 @@ class Stage:
         for i in range(0, len(self.val_seqs), self.micro):
             with self.amp():
                 x, y = self.batch(self.val_seqs[i:i + self.micro])
-                _, parts = self.loss(self.raw_model, x, y, self.draws(rng, 1)[0])
+                _, parts = self.loss(self.raw_model, x, y, self.random_draws(rng, 1)[0])
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + v.item()
         self.raw_model.train()
@@ -145,7 +143,7 @@ def train(stage, later=0.0):
             lr = lr_at(it, stage.peak_lr, args.warmup, stage.iters)
             for group in stage.optimizer.param_groups:
                 group["lr"] = lr
-            seqs, offset, weights = stage.draw()  # the global batch, its MARS block offset and --no_sft weights
+            seqs, offset, weights = stage.next_batch()  # the global batch, its MARS block offset and --no_sft weights
             logged = {}
             for x, y, weight in stage.my_micro_batches(seqs, weights):  # the gradients add up
                 with stage.amp():
@@ -217,7 +215,7 @@ class Progress:
             return
         per_step = (time.time() - self.t0) / (step - stage.first_step)
         eta = per_step * (stage.iters - step)
-        eta_run = eta + per_step / STEP_COST[stage.name] * self.later
+        eta_run = eta + per_step / STEP_TIME[stage.name] * self.later
         parts = " ".join(f"{k} {v:.3f}" for k, v in record.items() if k not in ("iter", "lr", "elapsed_s"))
         print(f"{stage.name} {step}/{stage.iters} | {parts} | lr {record['lr']:.2e} | "
               f"{self.tokens / (time.time() - self.t_line):,.0f} tok/s | ETA stage {eta / 60:.1f} min, "
@@ -232,7 +230,7 @@ def finish(stage):
         return
     record, B = stage.history[-1], stage.args.B if stage.name == "mars" else 1
     if stage.val_examples:
-        r = score(stage.raw_model, stage.tok, stage.val_examples, B=B)
+        r = evaluate(stage.raw_model, stage.tok, stage.val_examples, B=B)
         print(f"validation accuracy {100 * r['accuracy']:.1f}% on {r['n']} prompts: "
               + ", ".join(f"{k} {100 * v:.0f}" for k, v in r["per_task"].items()), flush=True)
         record.update(val_accuracy=r["accuracy"], val_per_task=r["per_task"])
@@ -241,13 +239,14 @@ def finish(stage):
     write_log_and_plot(stage.name, stage.history, stage.args.out_dir)
 
 
-def score(model, tok, examples, B=1, tau=1.0):
+def evaluate(model, tok, examples, B=1, tau=1.0):
     """Greedy exact-answer accuracy, overall and per family, and tokens per forward (output tokens over
     forwards), each prompt decoded by the paper's loop, sample.generate."""
     model.eval()
     right, tokens, forwards = [], 0, 0
     for e in examples:  # n_vocab: never an id past the tokenizer's
-        out, chunks = sample.generate(model, tok.prompt_ids(e["prompt"]), tok.eot, tok.mask, B, tau, n_vocab=tok.n_vocab)
+        prompt = tok.prompt_ids(e["prompt"])
+        out, chunks = sample.generate(model, prompt, tok.eot, tok.mask, B, tau, n_vocab=tok.n_vocab)
         right.append(int(data.check(e, tok.answer(out))))
         tokens, forwards = tokens + len(out), forwards + len(chunks)
     model.train()
@@ -266,7 +265,7 @@ def summary(out_dir, test, device):
     table = []
     for label, name, tau in [("stage 1 (AR SFT)", "ar", None), ("MARS tau=1.0", "mars", 1.0), ("MARS tau=0.9", "mars", 0.9)]:
         ckpt = load_checkpoint(os.path.join(out_dir, f"{name}.pt"), device)
-        r = score(*model_from_checkpoint(ckpt, device), test, B=ckpt.get("mars", {}).get("B", 1), tau=tau or 1.0)
+        r = evaluate(*model_from_checkpoint(ckpt, device), test, B=ckpt.get("mars", {}).get("B", 1), tau=tau or 1.0)
         table.append({"model": label, "threshold": tau, **r})
         print(f"| {label} | {100 * r['accuracy']:.1f}% | {r['tokens_per_forward']:.2f} |")
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
@@ -316,7 +315,7 @@ def plan_stages(args, say):
 def start_stage(name, state, args, splits, say):
     """The model, tokenizer and splits a stage starts from, and its Hugging Face record (None for the toy)."""
     if args.from_hf:  # a real model: extras/checkpoints/hf_train.py, through the root's one seam
-        return foreign().start_stage(name, state, args, splits, MODEL_KEYS, load_checkpoint, model_from_checkpoint)
+        return foreign().start_real_stage(name, state, args, splits, MODEL_KEYS, load_checkpoint, model_from_checkpoint)
     if name == "ar" and state is None:  # the toy, from scratch
         splits = data.load_splits(args.data, args.seed, args.n_train)
         tok = tokenizer.Tokenizer.train((data.plain_text(e) for e in splits["train"]), args.vocab_size)
@@ -335,11 +334,11 @@ def start_stage(name, state, args, splits, say):
     return model, tok, splits or data.load_splits(args.data, prev["seed"], prev["n_train"]), None
 
 
-def cost_after(name, names, args, splits):
+def work_after(name, names, args, splits):
     """What the run does after this stage, in stage-1 steps: the later stages, the validation accuracies
     and the summary (decoding a prompt takes about as long as training on a sequence)."""
     rest = names[names.index(name) + 1:]
-    steps = sum(STEP_COST[n] * ((args.ar_iters if n == "ar" else args.mars_iters) or 0) for n in rest)
+    steps = sum(STEP_TIME[n] * ((args.ar_iters if n == "ar" else args.mars_iters) or 0) for n in rest)
     prompts = (1 + len(rest)) * len(splits["val"][:args.summary_limit])
     prompts += 3 * len(splits["test"][:args.summary_limit]) if args.stage == "all" else 0
     return steps + prompts / args.batch_size
@@ -367,7 +366,7 @@ def main(argv=None):
         if args.dtype == "auto":  # measured once, on the first stage's model and batch shape
             from precision import choose_dtype  # the probe, off the method's path
             choose_dtype(args, model, world, say)
-        train(Stage(name, model, tok, splits, args, (rank, world), state, hf), cost_after(name, names, args, splits))
+        train(Stage(name, model, tok, splits, args, (rank, world), state, hf), work_after(name, names, args, splits))
         if world > 1:  # the next stage reads the checkpoint rank 0 has just written
             dist.barrier()
     if rank == 0 and args.stage == "all" and names:

@@ -584,11 +584,11 @@ def test_run_eta_counts_what_follows_each_stage(splits):
     """The ETA of the whole run: after stage 1 come stage 2, the validation accuracies and the summary;
     after stage 2, its validation accuracy and the summary; a lone stage has no summary after it."""
     args = config.get_args(["--preset", "tiny", "--device", "cpu"])
-    after_ar = train.cost_after("ar", ["ar", "mars"], args, splits)
-    after_mars = train.cost_after("mars", ["ar", "mars"], args, splits)
-    assert after_ar > train.STEP_COST["mars"] * args.mars_iters > after_mars > 0
+    after_ar = train.work_after("ar", ["ar", "mars"], args, splits)
+    after_mars = train.work_after("mars", ["ar", "mars"], args, splits)
+    assert after_ar > train.STEP_TIME["mars"] * args.mars_iters > after_mars > 0
     args.stage = "mars"
-    assert 0 < train.cost_after("mars", ["mars"], args, splits) < after_mars
+    assert 0 < train.work_after("mars", ["mars"], args, splits) < after_mars
 
 
 def test_profile_train_writes_padding_and_profile(tmp_path):

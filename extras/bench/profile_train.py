@@ -80,7 +80,7 @@ def timed(fn, *a):
 def phases(stage):
     """One step as train.train takes it (one process, no accumulation), its phases timed apart."""
     def draw():
-        rows, offset, weights = stage.draw()
+        rows, offset, weights = stage.next_batch()
         return (*stage.batch(rows), offset, weights)
     (x, y, offset, weights), t_data = timed(draw)
     with stage.amp():

@@ -20,7 +20,7 @@ def names_model(path):
     return os.path.isdir(path) or path.endswith(".gguf") or path in SHORT_NAMES and not os.path.exists(path)
 
 
-def start_stage(name, state, args, splits, model_keys, load_checkpoint, model_from_checkpoint):
+def start_real_stage(name, state, args, splits, model_keys, load_checkpoint, model_from_checkpoint):
     """(model, tokenizer, splits, the source's "hf" record) for a stage, or ValueError. The directory starts every
     stage, except that --stage all runs its MARS stage from the AR SFT it has just trained (<out_dir>/ar.pt).
     load_checkpoint, model_from_checkpoint: checkpoint.py's (train.py passes them: nothing in extras/checkpoints imports it)."""
