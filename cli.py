@@ -16,7 +16,8 @@ class UserError(Exception):
 
 
 def run_cli(main):
-    """Run a command-line main: a user's mistake becomes one line on stderr and exit 1."""
+    """Run a command-line main: a user's mistake becomes one line on stderr and exit 1, Ctrl-C one line and
+    exit 130."""
     try:
         main()
     except BrokenPipeError:  # the reader left (e.g. `| head`): nothing more to say
@@ -25,6 +26,9 @@ def run_cli(main):
     except (UserError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, with what was kept where a command says (its args)
+        print(f"\ninterrupted{': ' + str(e) if e.args else ''}", file=sys.stderr)
+        sys.exit(130)
 
 
 class Parser(argparse.ArgumentParser):

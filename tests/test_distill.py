@@ -179,3 +179,26 @@ def test_snapshots_link_each_saved_checkpoint(tmp_path):
     assert torch.load(tmp_path / "mars_step2.pt", weights_only=True)["iter"] == 2
     proc = run_cli(["extras/real/snapshots.py", path, "--", sys.executable, "-c", "import sys; sys.exit(3)"])
     assert proc.returncode == 3  # the run's own exit code
+
+
+def test_ctrl_c_ends_distill_in_one_line_and_keeps_the_answers(tiny_run, tmp_path):
+    """Interrupted, a long command says so in one line (no traceback) and keeps what it did: a rerun resumes."""
+    import signal
+    import subprocess
+    import time
+    out = tmp_path / "train.jsonl"
+    cmd = [sys.executable, "-m", "extras.real.distill", "--ckpt", str(tiny_run / "ar.pt"), "--out", str(out),
+           "--heldout", str(tmp_path / "h.jsonl"), "--val", str(tmp_path / "v.jsonl"), "--n_train", "3000",
+           "--n_val", "0", "--n_heldout", "0", "--max_new_tokens", "32", "--batch", "4", "--device", "cpu"]
+    proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(__file__)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    partial = tmp_path / "train.jsonl.partial"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (partial.exists() and partial.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interrupted: the answers so far are in"), err
+    assert partial.read_text().count("\n") >= 2 and not out.exists()

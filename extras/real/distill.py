@@ -312,7 +312,11 @@ def main(argv=None):
             sets[name] += own[name]
     model, tok = model_from_checkpoint(load_checkpoint(args.ckpt, args.device), args.device)
     prompts = [{**p, "split": name} for name in ("val", "train") for p in sets[name]]
-    records = distill(model.eval(), tok, prompts, args.out + ".partial", args.batch, args.max_new_tokens)
+    try:
+        records = distill(model.eval(), tok, prompts, args.out + ".partial", args.batch, args.max_new_tokens)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"the answers so far are in {args.out}.partial; rerun the same command to resume") \
+            from None
     write_jsonl(args.val, [{k: r[k] for k in ("task", "source", "prompt", "response", "cut_off")}
                            for r in records if r["split"] == "val"])
     train = [r for r in records if r["split"] == "train"]

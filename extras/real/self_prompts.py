@@ -219,7 +219,11 @@ def main(argv=None):
     ckpt = load_checkpoint(args.ckpt, args.device, getattr(torch, args.dtype))
     model, tok = model_from_checkpoint(ckpt, args.device)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    kept, counts = self_prompts(model.eval(), tok, args.n, args.out + ".partial", args)
+    try:
+        kept, counts = self_prompts(model.eval(), tok, args.n, args.out + ".partial", args)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"the samples so far are in {args.out}.partial; rerun the same command to resume") \
+            from None
     write_jsonl(args.out, kept)
     os.remove(args.out + ".partial")
     print(f"{args.out}: {len(kept)} requests kept of {counts['read']} read; dropped: {counts['dropped']}")
