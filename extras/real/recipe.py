@@ -25,12 +25,13 @@ import time
 
 from cli import Parser, UserError, add_device, run_cli
 
-# rows of 512 tokens at most; SmolLM2's template prompts and answers fit in far fewer. The gpu preset's sizes follow
+# rows of 512 tokens at most. SmolLM2 answers its own requests at length: at a budget of 128 tokens, 296 of 400
+# answers were cut off on the CPU (docs/distill_self_smollm2_cpu.json), so the gpu preset gives 384. Its sizes follow
 # the rates measured on an H200 (about 8,000 prompts answered a minute, 800 MARS steps of 64 rows in 142 s), for
 # about 15 minutes in all: unmeasured as a whole (docs/real_models.md).
 PRESETS = {
     "gpu": dict(n_self=20000, n_train=4000, n_val=48, n_heldout=320, n_heldout_self=128, n_val_self=48,
-                max_new_tokens=128, steps=1000, batch_size=64, micro_batch=64, sample_batch=256, answer_batch=256,
+                max_new_tokens=384, steps=1000, batch_size=64, micro_batch=64, sample_batch=256, answer_batch=256,
                 eval_n=0),
     "cpu": dict(n_self=2000, n_train=400, n_val=24, n_heldout=320, n_heldout_self=64, n_val_self=24,
                 max_new_tokens=128, steps=120, batch_size=8, micro_batch=8, sample_batch=64, answer_batch=32,
@@ -53,7 +54,8 @@ def phases(args, c):
              str(c["batch_size"]), "--micro_batch", str(c["micro_batch"]), "--mars_iters", str(c["steps"]),
              "--eval_every", str(max(1, c["steps"] // 4)), "--save_every", str(max(1, c["steps"] // 4)),
              "--summary_limit", "0", *LEVERS, *dev]
-    heldout = ["--base", args.base, "--max_new_tokens", str(c["max_new_tokens"]), "--n", str(c["eval_n"]), *dev]
+    heldout = ["--base", args.base, "--max_new_tokens", str(c["max_new_tokens"]), "--n", str(c["eval_n"]),
+               "--thresholds", "1.0", "0.95", "0.9", *dev]
     out = [("self_prompts", [*py, "-m", "extras.real.self_prompts", "--ckpt", args.base, "--n", str(c["n_self"]),
                              "--batch", str(c["sample_batch"]), "--max_tokens", "64", "--out", requests, "--stats",
                              os.path.join(d, "self_prompts_stats.json"), *dev], requests),

@@ -27,18 +27,17 @@ from extras.real.eval import AR, LOSSLESS, ar_agreement, decode, identical, name
 
 # name -> train.py flags over the shared ones (the reference's, then the lever's: a later flag wins). The reference is
 # the paper's hard-label recipe at the lr where the masks learned on a GPU (docs/real_models.md); each other row moves
-# one lever, the combined row moves the ones that helped together, and the control trains the AR loss alone.
+# one lever; one row moves the two levers of the targets together.
 REFERENCE = ["--mars_lr", "1e-4", "--mask_row", "mean"]
 LEVERS = {
     "reference: hard targets, lr 1e-4": [],
     "soft targets": ["--targets", "soft"],
     "clean padding dropped": ["--clean_padding", "drop"],
-    "block offset random": ["--block_offset", "random"],
-    "lr 5e-5": ["--mars_lr", "5e-5"],
+    "soft targets, clean padding dropped": ["--targets", "soft", "--clean_padding", "drop"],
     "lr 2e-4": ["--mars_lr", "2e-4"],
+    "lr 5e-5": ["--mars_lr", "5e-5"],
+    "block offset random": ["--block_offset", "random"],
     "ar_weight 4": ["--ar_weight", "4"],
-    "soft targets, clean padding dropped, lr 2e-4": ["--targets", "soft", "--clean_padding", "drop", "--mars_lr", "2e-4"],
-    "control (AR loss alone)": ["--stage", "control"],
 }
 TAU = 0.9
 
@@ -49,10 +48,6 @@ def train_command(lever, args, out_dir):
              "--mars_iters", str(args.steps), "--warmup", str(args.warmup), "--eval_every", str(args.steps),
              "--save_every", str(args.steps), "--summary_limit", "0", "--device", args.device]
     extra = REFERENCE + LEVERS[lever]
-    for flag in ("--data", "--stage"):  # the lever's replaces the shared one
-        if flag in extra:
-            i = flags.index(flag)
-            del flags[i:i + 2]
     return [sys.executable, "train.py", *flags, *extra]
 
 
@@ -60,7 +55,7 @@ def measure(path, tok, prompts, base_runs, args):
     """The validation figures of one MARS checkpoint."""
     ckpt = load_checkpoint(path, args.device)
     model = model_from_checkpoint(ckpt, args.device)[0].eval()
-    B = (ckpt.get("mars") or ckpt["control"])["B"]  # the control: its <|mask|> untrained
+    B = ckpt["mars"]["B"]
     runs = decode(model, tok, prompts, [AR, {"tau": TAU}, LOSSLESS], args, B)
     own, fast = runs[name(AR)], runs[name({"tau": TAU})]
     last = ckpt["history"][-1]
@@ -95,12 +90,12 @@ def get_args(argv=None):
     p.add_argument("--val", required=True, help="the validation prompts (python -m extras.real.distill --val)")
     p.add_argument("--out", required=True, help="the JSON to write, row by row")
     p.add_argument("--out_dir", default="out/smollm/search", help="where the runs train (default out/smollm/search)")
-    p.add_argument("--steps", type=int, default=40, help="optimizer steps per run (default 40)")
+    p.add_argument("--steps", type=int, default=60, help="optimizer steps per run (default 60)")
     p.add_argument("--batch_size", type=int, default=8, help="rows per step (default 8)")
-    p.add_argument("--warmup", type=float, default=0.25, help="warmup share of the steps (default 0.25)")
+    p.add_argument("--warmup", type=float, default=0.1, help="warmup share of the steps (default 0.1)")
     p.add_argument("--only", nargs="*", choices=LEVERS, help="run these levers only (default: all)")
     p.add_argument("--batch", type=int, default=32, help="rows decoded together (default 32)")
-    p.add_argument("--max_new_tokens", type=int, default=128, help="the answers' budget (default 128)")
+    p.add_argument("--max_new_tokens", type=int, default=64, help="the answers' budget while measuring (default 64)")
     add_device(p)
     args = p.parse_args(argv)
     if min(args.steps, args.batch_size, args.batch, args.max_new_tokens) < 1 or not 0 <= args.warmup < 1:
@@ -128,7 +123,7 @@ def main(argv=None):
         t0 = time.time()
         if subprocess.run(cmd).returncode:
             raise UserError(f"the run of {lever!r} failed (its command is above)")
-        path = os.path.join(out_dir, "control.pt" if "control" in LEVERS[lever] else "mars.pt")
+        path = os.path.join(out_dir, "mars.pt")
         row = {"lever": lever, "train_command": shlex.join(["python", *cmd[1:]]),
                **measure(path, tok, prompts, base_runs, args), "seconds": round(time.time() - t0, 1)}
         os.remove(path)
