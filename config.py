@@ -24,7 +24,8 @@ from checkpoint import UserError, check_device, from_hf
 
 
 def run_cli(main):
-    """Run a command-line main: a user's mistake becomes one line on stderr and exit 1."""
+    """Run a command-line main: a user's mistake becomes one line on stderr and exit 1, Ctrl-C one line and
+    exit 130."""
     try:
         main()
     except BrokenPipeError:  # the reader left (e.g. `| head`): nothing more to say
@@ -33,6 +34,9 @@ def run_cli(main):
     except (UserError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, with what was kept where a command says (its args)
+        print(f"\ninterrupted{': ' + str(e) if e.args else ''}", file=sys.stderr)
+        sys.exit(130)
 
 
 class Parser(argparse.ArgumentParser):
@@ -144,6 +148,12 @@ def get_args(argv=None):
                    "(the mean of the embedding rows); the toy learns its row from scratch either way")
     g.add_argument("--block_offset", choices=["fixed", "random"], default="fixed", help="fixed: the paper's blocks, "
                    "at multiples of B (default); random: shifted by a random offset every step (an ablation)")
+    g.add_argument("--targets", choices=["hard", "soft"], default="hard", help="hard: the data's tokens (default, "
+                   "the paper's); soft: the distribution of the model stage 2 starts from, frozen, at every response "
+                   "position of both streams (self-distillation, beyond the paper: extras/real/teacher.py)")
+    g.add_argument("--clean_padding", choices=["keep", "drop"], default="keep", help="the end-of-turn padding to B's "
+                   "multiple as clean-stream targets: keep (default, the paper's) or drop (decoding never reaches "
+                   "it; the noisy stream keeps it either way: masks past the end learn to predict the end)")
     g = p.add_argument_group("preset overrides (default: the preset's value)")
     for name, kind, text in OVERRIDES:
         g.add_argument(f"--{name}", type=kind, help=text)
@@ -182,7 +192,8 @@ def resolve(p, args):
 
 def stage2_flags(args):
     """What a MARS checkpoint records of its stage-2 flags (and --resume checks)."""
-    return {"B": args.B, "ar_weight": args.ar_weight, "no_sft": args.no_sft, "block_offset": args.block_offset}
+    return {"B": args.B, "ar_weight": args.ar_weight, "no_sft": args.no_sft, "block_offset": args.block_offset,
+            "targets": args.targets, "clean_padding": args.clean_padding}
 
 
 # ---------------------------------------------------------------------------

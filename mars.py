@@ -57,33 +57,38 @@ def idle_noisy_positions(y, B, offset=0):
     return max(0, (first_target + offset) // B * B - offset)
 
 
-def token_ce(model, ids, targets, **forward):
+def token_ce(model, ids, targets, soft=None, **forward):
     """Cross-entropy at every position (b, t), 0 where the target is -1; the model computes logits only
-    where there is a target (logits_at)."""
+    where there is a target (logits_at). soft: a distribution (n, vocab) per target, in the order of
+    targets[targets != -1], to be the target instead of the token (self-distillation, beyond the paper)."""
     where = targets != -1
     ce = torch.zeros(targets.shape, device=targets.device)
-    ce[where] = F.cross_entropy(model(ids, logits_at=where, **forward).float(), targets[where], reduction="none")
+    logits = model(ids, logits_at=where, **forward).float()
+    ce[where] = F.cross_entropy(logits, targets[where] if soft is None else soft, reduction="none")
     return ce
 
 
-def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, offset=0, noisy_weight=None):
+def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, offset=0, noisy_weight=None, clean_y=None, soft=None):
     """Returns (loss, noisy_loss, clean_loss) for inputs x and targets y (b, T), y = -1 off the response.
     One forward over [noisy | clean], both streams at positions 0..T-1, under the MARS mask. The loss is,
     per sequence, the mean over its response tokens of CE(noisy) + ar_weight * CE(clean), then the mean
     over sequences: a short answer weighs as much as a long one (the official trainer's "sequence"
     normalisation). Two ablations: offset shifts the blocks (train.py --block_offset random);
     noisy_weight (b,) weighs each sequence's noisy loss (the paper's "w/o SFT loss": ar_weight = 0 with
-    the weights of no_sft_weights)."""
+    the weights of no_sft_weights). Two options beyond the paper: clean_y, the clean stream's own targets
+    (train.py --clean_padding drop); soft (n, vocab), a distribution as each target of [y | clean_y], in the
+    order of its targets != -1, row by row (train.py --targets soft: the base model's, extras/real/teacher.py)."""
     T = x.shape[1]
     ids = torch.cat([noisy_copy(x, y, mask_id), x], dim=1)  # [noisy | clean]
     pos = torch.arange(T, device=x.device).repeat(2)  # shared positions: both streams at 0..T-1
-    targets = torch.cat([y, y], dim=1)  # position q of either stream predicts y[q]
+    clean_y = y if clean_y is None else clean_y  # the clean stream's own targets: an option beyond the paper
+    targets = torch.cat([y, clean_y], dim=1)  # position q of either stream predicts y[q]
     attn_mask = training_mask(T, B, offset, x.device)  # offset 0: the paper's block grid
     skip = idle_noisy_positions(y, B, offset)  # only a saving: drop noisy positions that feed nothing
     ids, pos, targets, attn_mask = ids[:, skip:], pos[skip:], targets[:, skip:], attn_mask[skip:, skip:]
-    ce = token_ce(model, ids, targets, positions=pos, attn_mask=attn_mask)
-    n = (y != -1).sum(1).clamp_min(1)  # response tokens per sequence
-    noisy, clean = ce[:, :-T].sum(1) / n, ce[:, -T:].sum(1) / n  # the clean stream is the last T positions
+    ce = token_ce(model, ids, targets, soft, positions=pos, attn_mask=attn_mask)
+    n, n_clean = ((t != -1).sum(1).clamp_min(1) for t in (y, clean_y))  # response tokens per sequence
+    noisy, clean = ce[:, :-T].sum(1) / n, ce[:, -T:].sum(1) / n_clean  # the clean stream is the last T positions
     weight = 1.0 if noisy_weight is None else noisy_weight  # the "w/o SFT loss" ablation's 1/t weights
     return (weight * noisy + ar_weight * clean).mean(), noisy.mean(), clean.mean()
 
@@ -96,10 +101,11 @@ def no_sft_weights(b, generator=None, device="cpu", eps=1e-3):
     return (1 / t).to(device)
 
 
-def ar_loss(model, x, y, per_sequence=False):
+def ar_loss(model, x, y, per_sequence=False, soft=None):
     """Next-token cross-entropy on the response tokens: the token mean for stage 1 (as the official SFT
-    trainer averages), or per_sequence, exactly the clean term of mars_loss (the like-for-like control)."""
-    ce, where = token_ce(model, x, y), y != -1
+    trainer averages), or per_sequence, exactly the clean term of mars_loss (the like-for-like control;
+    soft as there)."""
+    ce, where = token_ce(model, x, y, soft), y != -1
     return (ce.sum(1) / where.sum(1).clamp_min(1)).mean() if per_sequence else ce[where].mean()
 
 

@@ -66,6 +66,7 @@ class Stage:
         if state:
             self.optimizer.load_state_dict(state["optimizer"])
             self.order.set_state(state["order_rng"])
+        self.teacher = teacher(name, model, tok, state, args)  # --targets soft: the base model, frozen
         compiled = torch.compile(model) if args.compile else model
         self.model = DDP(compiled) if self.world > 1 else compiled  # what the loop runs; raw_model: the plain GPT
         self.amp = functools.partial(autocast, args.device, args.dtype, args.max_seq_len)  # dtype: choose_dtype's
@@ -96,25 +97,37 @@ class Stage:
     def batch(self, seqs):
         return (t.to(self.args.device) for t in data.make_batch(seqs, self.tok.eot, self.multiple))
 
-    def loss(self, model, x, y, offset=0, weight=None):
+    def loss(self, model, x, y, offset=0, weight=None, hard=False):
         """The stage's loss and what to log. The control is MARS without its noisy stream: the clean term
-        alone, with the same per-sequence mean, padding, batches and schedule."""
+        alone, with the same per-sequence mean, padding, batches and schedule. hard: on the data's tokens even
+        under --targets soft (validation, so that runs compare)."""
+        clean_y = self.clean_targets(y)
+        soft = None if hard or not self.teacher else self.teacher.targets(x, y, clean_y, noisy=self.name == "mars")
         if self.name != "mars":
-            loss = mars.ar_loss(model, x, y, per_sequence=self.name == "control")
+            loss = mars.ar_loss(model, x, clean_y, per_sequence=self.name == "control", soft=soft)
             return loss, {"loss": loss}
         loss, noisy, clean = mars.mars_loss(model, x, y, self.tok.mask, self.args.B, self.args.ar_weight,
-                                            offset, weight)
+                                            offset, weight, clean_y, soft)
         return loss, {"loss": loss, "noisy": noisy, "clean": clean}
+
+    def clean_targets(self, y):
+        """The clean stream's targets: y, or with --clean_padding drop, y without the end-of-turn padding to B's
+        multiple (the targets after a sequence's first end of turn)."""
+        if self.name == "ar" or self.args.clean_padding == "keep":
+            return y
+        eot = y == self.tok.eot
+        return y.masked_fill(eot & (eot.cumsum(1) > 1), -1)
 
     @torch.no_grad()
     def val_losses(self):
-        """The training loss on the validation sequences, its random draws from a fixed seed (--no_sft: unweighted)."""
+        """The training loss on the validation sequences, its random draws from a fixed seed (--no_sft: unweighted;
+        --targets soft: on the data's tokens)."""
         self.raw_model.eval()
         sums, rng = {}, torch.Generator().manual_seed(1234)
         for i in range(0, len(self.val_seqs), self.micro):
             with self.amp():
                 x, y = self.batch(self.val_seqs[i:i + self.micro])
-                _, parts = self.loss(self.raw_model, x, y, self.random_draws(rng, 1)[0])
+                _, parts = self.loss(self.raw_model, x, y, self.random_draws(rng, 1)[0], hard=True)
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + v.item()
         self.raw_model.train()
@@ -132,6 +145,16 @@ class Stage:
         elif self.name == "control":
             ckpt["control"] = {"B": self.args.B}
         checkpoint.save(ckpt, self.path)
+
+
+def teacher(name, model, tok, state, args):
+    """--targets soft: the frozen model stage 2 starts from (a resumed stage reloads it from where it started)."""
+    if args.targets == "hard" or name == "ar":
+        return None
+    if state is not None:
+        source = args.init_from if args.init_from and args.stage != "all" else os.path.join(args.out_dir, "ar.pt")
+        model, tok = model_from_checkpoint(load_checkpoint(source, args.device), args.device)
+    return foreign().Teacher(model, tok)
 
 
 def train(stage, later=0.0):

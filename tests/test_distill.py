@@ -85,7 +85,8 @@ def test_distill_writes_the_models_greedy_answers_and_the_cut_off_ones_apart(tin
     val, stats = read(out / "val.jsonl"), json.loads((out / "stats.json").read_text())
     assert all(r.keys() == {"prompt", "response"} for r in train + cut)
     assert len(heldout) == N_HELDOUT and all(r["task"] == "check" for r in heldout)
-    assert len(val) == N_VAL and all(r.keys() == {"task", "prompt", "response", "cut_off"} for r in val)
+    assert len(val) == N_VAL and all(r.keys() == {"task", "source", "prompt", "response", "cut_off"} for r in val)
+    assert {r["source"] for r in val} == {"template"}
     assert not {question(r["prompt"]) for r in heldout + val} & {question(r["prompt"]) for r in train + cut}
     assert len(train) + len(cut) == N_TRAIN and 0 < len(cut) < N_TRAIN
     assert stats["train"]["kept"] == len(train) and stats["train"]["cut_off"] == len(cut)
@@ -95,6 +96,29 @@ def test_distill_writes_the_models_greedy_answers_and_the_cut_off_ones_apart(tin
     prompts = [tok.prompt_ids(r["prompt"]) for r in train]
     for r, done in zip(train, engine.generate_batch(model.eval(), prompts, tok.eot, tok.mask, max_new_tokens=BUDGET)):
         assert done.tokens[-1] == tok.eot and tok.decode(done.tokens[:-1]) == r["response"]  # greedy, not cut off
+
+
+def test_distill_answers_the_self_written_requests_and_holds_some_out(tiny_run, distilled, tmp_path):
+    """--self_prompts: the first requests are held out, the next validate, the next are trained on, each record
+    with its source; a file of the wrong shape is one line."""
+    requests = tmp_path / "self.jsonl"
+    requests.write_text("".join(json.dumps({"prompt": f"Request number {i}?", "source": "self"}) + "\n"
+                                for i in range(12)))
+    out = tmp_path / "d"
+    args = ["--ckpt", str(tiny_run / "ar.pt"), "--out", str(out / "train.jsonl"), "--heldout", str(out / "h.jsonl"),
+            "--val", str(out / "val.jsonl"), "--n_train", "4", "--n_val", "2", "--n_heldout", "2", "--max_new_tokens",
+            "4", "--batch", "6", "--self_prompts", str(requests), "--heldout_self", str(out / "hs.jsonl"),
+            "--n_heldout_self", "3", "--n_val_self", "2", "--n_train_self", "5"]
+    run_distill(args)
+    assert [r["prompt"] for r in read(out / "hs.jsonl")] == [f"Request number {i}?" for i in range(3)]
+    val = read(out / "val.jsonl")
+    assert sorted(r["prompt"] for r in val if r["source"] == "self") == ["Request number 3?", "Request number 4?"]
+    trained = {r["prompt"] for r in read(out / "train.jsonl") + read(out / "train_cut_off.jsonl")}
+    assert len(trained) == 5 + 5 and {f"Request number {i}?" for i in range(5, 10)} <= trained  # templates, self
+    requests.write_text('{"text": "no prompt here"}\n')
+    proc = run_cli(["extras/real/distill.py", *args])
+    assert_one_line_error(proc)
+    assert "expected one" in proc.stderr
 
 
 def test_distill_resumes_from_its_partial_file(distilled):
@@ -155,3 +179,26 @@ def test_snapshots_link_each_saved_checkpoint(tmp_path):
     assert torch.load(tmp_path / "mars_step2.pt", weights_only=True)["iter"] == 2
     proc = run_cli(["extras/real/snapshots.py", path, "--", sys.executable, "-c", "import sys; sys.exit(3)"])
     assert proc.returncode == 3  # the run's own exit code
+
+
+def test_ctrl_c_ends_distill_in_one_line_and_keeps_the_answers(tiny_run, tmp_path):
+    """Interrupted, a long command says so in one line (no traceback) and keeps what it did: a rerun resumes."""
+    import signal
+    import subprocess
+    import time
+    out = tmp_path / "train.jsonl"
+    cmd = [sys.executable, "-m", "extras.real.distill", "--ckpt", str(tiny_run / "ar.pt"), "--out", str(out),
+           "--heldout", str(tmp_path / "h.jsonl"), "--val", str(tmp_path / "v.jsonl"), "--n_train", "3000",
+           "--n_val", "0", "--n_heldout", "0", "--max_new_tokens", "32", "--batch", "4", "--device", "cpu"]
+    proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(__file__)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    partial = tmp_path / "train.jsonl.partial"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (partial.exists() and partial.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interrupted: the answers so far are in"), err
+    assert partial.read_text().count("\n") >= 2 and not out.exists()

@@ -1,8 +1,7 @@
 """The modules form layers and import downwards only, counting imports inside functions too. At the root,
 the method: model, mars, data, tokenizer at the bottom (they import none of ours), checkpoint on model and
 tokenizer, config (the command lines) on checkpoint, sample on those, train on those and sample; off the
-method's path, precision (the probe) on config, engine on model, mars and cost, and cli (extras/real's import
-path) on checkpoint and config. extras/ sits above the root, in rooms (checkpoints, serving, bench, real), each
+method's path, precision (the probe) on config, engine on model, mars and cost. extras/ sits above the root, in rooms (checkpoints, serving, bench, real), each
 importing what its __init__.py says; the root reaches extras at one seam only, checkpoint.foreign(), which
 imports extras/checkpoints/foreign.py. No import cycle, lazy imports included.
 Read from the source with ast, so nothing is imported."""
@@ -18,13 +17,13 @@ ALLOWED = {  # what each root module may import of the root, at module level or 
     "cost": set(),  # the step-cost model: the engine hands it its forward to time
     "engine": {"model", "mars", "data", "cost"},
     "precision": {"config"},  # the probe times a step under config.autocast
-    "cli": {"checkpoint", "config"},
     "sample": BOTTOM | {"checkpoint", "config", "engine"},
     "train": BOTTOM | {"checkpoint", "config", "precision", "sample"},
 }
 SEAM = ("checkpoint", "foreign", "extras.checkpoints.foreign")  # the one root function that imports extras, and what
 ROOMS = {  # what each room of extras/ may import besides its own modules (the root: any root module)
-    "extras.checkpoints": {"model", "tokenizer", "data"},  # not checkpoint: it imports foreign.py
+    "extras.checkpoints": {"model", "tokenizer", "data",  # not checkpoint: it imports foreign.py
+                           "extras.real.teacher"},  # foreign.py hands train.py --targets soft's Teacher (torch only)
     "extras.serving": {"root", "extras.bench"},
     "extras.bench": {"root"},
     "extras.real": {"root", "extras.bench"},

@@ -238,7 +238,8 @@ def machine():
         names = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")]
         cpu = names[0] if names else cpu
     load = f", load {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads{load}"
+    return (f"{cpu} (torch CPU capability {torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} cores, "
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads{load}")
 
 
 # ---------------------------------------------------------------------------

@@ -28,7 +28,8 @@ import config
 import data
 import engine
 import train
-from cli import Parser, add_device, check_device, load_checkpoint, model_from_checkpoint, run_cli
+from checkpoint import check_device, load_checkpoint, model_from_checkpoint
+from config import Parser, add_device, run_cli
 from extras.bench.eval import machine
 from model import GPT, GPTConfig
 

@@ -3,13 +3,15 @@
 checkpoint.py reads a Hugging Face directory or a GGUF file (or an installed one's short name) through
 read_checkpoint, asks names_model whether a path is such a model, rebuilds a tokenizer whose chat
 template is a model's own (tokenizer_from_state: jinja2), and train.py starts a stage from a real
-model with start_real_stage. Nothing here imports checkpoint: it imports this module, inside checkpoint.foreign() only.
+model with start_real_stage and trains on the base model's distribution with Teacher (--targets soft).
+Nothing here imports checkpoint: it imports this module, inside checkpoint.foreign() only.
 """
 from extras.checkpoints import gguf_file, hf
 from extras.checkpoints.hf_tokenizer import tokenizer_from_state
 from extras.checkpoints.hf_train import names_model, start_real_stage
+from extras.real.teacher import Teacher
 
-__all__ = ["names_model", "read_checkpoint", "start_real_stage", "tokenizer_from_state"]
+__all__ = ["Teacher", "names_model", "read_checkpoint", "start_real_stage", "tokenizer_from_state"]
 
 
 def read_checkpoint(path, device="cpu", dtype=None):

@@ -16,8 +16,12 @@ The prompts are built here, offline, from a seed; nothing is downloaded. Three k
     the model's ordinary English (explanations, tips, lists, short poems), asking for short answers;
   - checkable instructions (extras/real/checks.py: "in one sentence", "exactly three tips", ...), each with
     a checker in code.
-Each kind is drawn as distinct questions (an opener does not make a new question) from its own seeded
-generator. The held-out file is the first --n_heldout checkable instructions, never trained on; then come
+  - with --self_prompts, requests the model wrote itself (python -m extras.real.self_prompts: Magpie's way), a
+    source of any size that follows the model's own users rather than a generator's.
+Each template kind is drawn as distinct questions (an opener does not make a new question) from its own seeded
+generator; each record says its source ("template" or "self"). The self-written requests have held-out and
+validation slices of their own (--heldout_self), so that tokens per forward is also measured on the model's own
+distribution. The held-out file is the first --n_heldout checkable instructions, never trained on; then come
 the validation prompts (with the model's answers, for choosing a recipe), then the training prompts.
 
 Answers cut off by --max_new_tokens (no end of turn; mostly loops) are not in the training file; they go
@@ -37,7 +41,8 @@ import torch
 
 import data
 import engine
-from cli import Parser, UserError, add_device, load_checkpoint, model_from_checkpoint, run_cli
+from checkpoint import UserError, load_checkpoint, model_from_checkpoint
+from config import Parser, add_device, run_cli
 from extras.bench.eval import machine
 from extras.real import checks
 from extras.real.words import A_NOUN, A_PLACE, ACTIVITIES, ADJECTIVES, TOPICS
@@ -87,6 +92,7 @@ def distinct_questions(draw, n, rng):
 
 
 KINDS = {"toy": toy_question, "general": general_question, "check": checks.check_question}
+ALL_KINDS = (*KINDS, "self")  # the template kinds, and the requests the model wrote (--self_prompts)
 
 
 def prompt_sets(n_train, n_val, n_heldout, shares, seed):
@@ -110,6 +116,24 @@ def prompt_sets(n_train, n_val, n_heldout, shares, seed):
     for name, prompts in sets.items():
         random.Random(f"{seed}-{name}").shuffle(prompts)  # the kinds interleaved
     return sets
+
+
+def read_self_prompts(path, n_heldout, n_val, n_train):
+    """{"heldout", "val", "train"} of the self-written requests in path (python -m extras.real.self_prompts), in
+    file order: the first n_heldout held out, the next n_val for validation, then n_train (0: the rest) to train."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a readable JSONL ({e})") from None
+    if not all(isinstance(r, dict) and isinstance(r.get("prompt"), str) and r["prompt"].strip() for r in records):
+        raise UserError(f"{path}: expected one {{\"prompt\": text}} per line (python -m extras.real.self_prompts)")
+    if len(records) <= n_heldout + n_val:
+        raise UserError(f"{path} holds {len(records)} requests: more than --n_heldout_self + --n_val_self "
+                        f"({n_heldout + n_val}) are needed, the rest to train on")
+    prompts = [{"task": "self", "prompt": r["prompt"].strip(), "source": "self"} for r in records]
+    return {"heldout": prompts[:n_heldout], "val": prompts[n_heldout:n_heldout + n_val],
+            "train": prompts[n_heldout + n_val:][:n_train or None]}
 
 
 def decode_all(model, tok, requests, batch, max_new_tokens, B=1):
@@ -189,7 +213,8 @@ def distill(model, tok, prompts, path, batch, max_new_tokens):
             response = tok.decode(answer)
             ids, n = tok.example_ids(p["prompt"], response)
             done[r.index] = rec = {"prompt": p["prompt"], "response": response, "task": p["task"],
-                                   "split": p.get("split"), "cut_off": r.tokens[-1:] != [tok.eot], "ids_kept": ids[n:-1] == answer}
+                                   "source": p.get("source", "template"), "split": p.get("split"),
+                                   "cut_off": r.tokens[-1:] != [tok.eot], "ids_kept": ids[n:-1] == answer}
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
             f.flush()
             progress.report(len(done), sum(not d["cut_off"] for d in done.values()), len(r.tokens))
@@ -207,20 +232,21 @@ def row_stats(records, tok):
 
 
 def kind(record):
-    """The kind of prompt a record answers: toy (one of the toy's families), general or check."""
-    return record["task"] if record["task"] in ("general", "check") else "toy"
+    """The kind of prompt a record answers: toy (one of the toy's families), general, check or self (written by
+    the model)."""
+    return record["task"] if record["task"] in ("general", "check", "self") else "toy"
 
 
 def statistics(command, sets, records, tok, args, seconds):
     """What the distillation made, for docs/: prompts per kind, answers kept and cut off, lengths, time."""
     kept = [r for r in records if not r["cut_off"]]
     return {"command": command, "machine": machine(), "ckpt": args.ckpt, "max_new_tokens": args.max_new_tokens,
-            "prompts": {name: {k: sum(kind(p) == k for p in v) for k in KINDS} for name, v in sets.items()},
+            "prompts": {name: {k: sum(kind(p) == k for p in v) for k in ALL_KINDS} for name, v in sets.items()},
             "train": {"answered": sum(r["split"] == "train" for r in records),
                       "kept": sum(r["split"] == "train" for r in kept),
                       "cut_off": sum(r["split"] == "train" and r["cut_off"] for r in records),
                       "cut_off_by_kind": {k: sum(r["split"] == "train" and r["cut_off"] and kind(r) == k
-                                                 for r in records) for k in KINDS},
+                                                 for r in records) for k in ALL_KINDS},
                       "retokenize_to_the_same_ids": sum(r["ids_kept"] for r in kept if r["split"] == "train"),
                       **row_stats([r for r in kept if r["split"] == "train"], tok)},
             "val": {"answered": sum(r["split"] == "val" for r in records),
@@ -238,6 +264,14 @@ def get_args(argv=None):
                    "prompt, kind, rule} per line, never trained on (python -m extras.real.eval --heldout)")
     p.add_argument("--val", required=True, help="the validation JSONL to write: {task, prompt, response, cut_off} "
                    "with the model's own answer, for choosing a recipe (never the held-out prompts)")
+    p.add_argument("--self_prompts", help="a JSONL of requests the model wrote (python -m extras.real.self_prompts): "
+                   "the first --n_heldout_self are held out, the next --n_val_self validate, the rest are trained on")
+    p.add_argument("--heldout_self", help="the held-out JSONL to write of the self-written requests (with "
+                   "--self_prompts): {task, prompt, source} per line, never trained on")
+    p.add_argument("--n_heldout_self", type=int, default=64, help="self-written requests held out (default 64)")
+    p.add_argument("--n_val_self", type=int, default=24, help="self-written requests for validation (default 24)")
+    p.add_argument("--n_train_self", type=int, default=0, help="self-written requests to train on, the next ones "
+                   "(default 0: all the rest)")
     p.add_argument("--stats", help="a JSON to write the distillation's statistics and command to (e.g. "
                    "docs/distill_smollm2_cpu.json)")
     p.add_argument("--n_train", type=int, default=1200, help="training prompts to answer (default 1200)")
@@ -255,8 +289,12 @@ def get_args(argv=None):
         p.error("--n_train, --max_new_tokens and --batch must be at least 1, --n_heldout and --n_val at least 0")
     if min(args.shares) < 0 or abs(sum(args.shares) - 1) > 1e-6:
         p.error("--shares must be three non-negative shares that add up to 1")
-    if len({os.path.abspath(f) for f in (args.out, args.heldout, args.val)}) < 3:
-        p.error("--out, --heldout and --val must be different files")
+    files = [f for f in (args.out, args.heldout, args.val, args.heldout_self) if f]
+    if len({os.path.abspath(f) for f in files}) < len(files):
+        p.error("--out, --heldout, --val and --heldout_self must be different files")
+    if bool(args.self_prompts) != bool(args.heldout_self) or min(args.n_heldout_self, args.n_val_self, args.n_train_self) < 0:
+        p.error("--self_prompts and --heldout_self go together; --n_heldout_self, --n_val_self and --n_train_self "
+                "must be >= 0")
     return args
 
 
@@ -267,10 +305,20 @@ def main(argv=None):
     sets = prompt_sets(args.n_train, args.n_val, args.n_heldout, dict(zip(KINDS, args.shares)), args.seed)
     write_jsonl(args.heldout, sets["heldout"])
     print(f"{args.heldout}: {len(sets['heldout'])} held-out checkable instructions")
+    if args.self_prompts:
+        own = read_self_prompts(args.self_prompts, args.n_heldout_self, args.n_val_self, args.n_train_self)
+        write_jsonl(args.heldout_self, own["heldout"])
+        print(f"{args.heldout_self}: {len(own['heldout'])} held-out self-written requests")
+        for name in ("val", "train"):
+            sets[name] += own[name]
     model, tok = model_from_checkpoint(load_checkpoint(args.ckpt, args.device), args.device)
     prompts = [{**p, "split": name} for name in ("val", "train") for p in sets[name]]
-    records = distill(model.eval(), tok, prompts, args.out + ".partial", args.batch, args.max_new_tokens)
-    write_jsonl(args.val, [{k: r[k] for k in ("task", "prompt", "response", "cut_off")}
+    try:
+        records = distill(model.eval(), tok, prompts, args.out + ".partial", args.batch, args.max_new_tokens)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"the answers so far are in {args.out}.partial; rerun the same command to resume") \
+            from None
+    write_jsonl(args.val, [{k: r[k] for k in ("task", "source", "prompt", "response", "cut_off")}
                            for r in records if r["split"] == "val"])
     train = [r for r in records if r["split"] == "train"]
     stem = os.path.splitext(args.out)[0]

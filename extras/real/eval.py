@@ -34,7 +34,8 @@ import torch
 
 import data
 import engine
-from cli import Parser, UserError, add_device, load_checkpoint, model_from_checkpoint, run_cli, threshold
+from checkpoint import UserError, load_checkpoint, model_from_checkpoint
+from config import Parser, add_device, run_cli, threshold
 from extras.bench.stats import wilson
 from extras.real import checks
 from extras.real.distill import decode_all

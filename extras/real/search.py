@@ -1,14 +1,15 @@
-"""The drift search: short MARS runs on a real model, one lever at a time, each measured on the validation
-prompts (never the held-out ones), to find what keeps the model itself.
+"""The lever search: short MARS runs on a real model at equal rows seen, one lever at a time, each measured on the
+validation prompts (never the held-out ones), to find a recipe whose masks learn while the model stays itself.
 
     python -m extras.real.search --data out/smollm/distilled.jsonl --val out/smollm/val.jsonl \\
-        --out docs/drift_smollm2_cpu.json
+        --out docs/levers_smollm2_cpu.json
 
 Each row of LEVERS runs `train.py --stage mars --init_from <base>` for --steps steps on --data with the flags
 it lists, in a process of its own, then measures its MARS checkpoint against the base model's greedy answers
 to the validation prompts: the teacher-forced AR agreement (the share of the base answers' tokens its AR argmax
 predicts), the answers identical to the base's at tau = 1.0, and at tau = 0.9 the tokens per forward and the
-answers identical to its own AR answer; also train.py's validation losses. A row already in --out is kept
+answers identical to its own AR answer, and lossless the tokens per forward; also train.py's validation losses
+(on the data's tokens, whatever the targets). A row already in --out is kept
 (rerun the same command to resume); a checkpoint is deleted once measured (1.6 GB each for SmolLM2).
 """
 import json
@@ -20,57 +21,34 @@ import time
 
 import torch
 
-from cli import Parser, UserError, add_device, load_checkpoint, model_from_checkpoint, run_cli
+from checkpoint import UserError, load_checkpoint, model_from_checkpoint
+from config import Parser, add_device, run_cli
 from extras.bench.eval import machine, read_prompts
-from extras.real.eval import AR, ar_agreement, decode, identical, name
+from extras.real.eval import AR, LOSSLESS, ar_agreement, decode, identical, name
 
-# name -> train.py flags over the shared ones; "{loops}": the training data with the cut-off answers added;
-# "{few}": its first answers, as many as two epochs of the run's rows (more epochs against more distinct prompts)
-CHOSEN = ["--mars_lr", "5e-6", "--ar_weight", "4", "--mask_row", "mean"]
+# name -> train.py flags over the shared ones (the reference's, then the lever's: a later flag wins). The reference is
+# the paper's hard-label recipe at the lr where the masks learned on a GPU (docs/real_models.md); each other row moves
+# one lever; one row moves the two levers of the targets together.
+REFERENCE = ["--mars_lr", "1e-4", "--mask_row", "mean"]
 LEVERS = {
-    "lr 5e-6 (the paper's)": ["--mars_lr", "5e-6"],
-    "lr 2e-5": ["--mars_lr", "2e-5"],
-    "lr 5e-5 (the last run's)": ["--mars_lr", "5e-5"],
-    "lr 2e-5, ar_weight 4": ["--mars_lr", "2e-5", "--ar_weight", "4"],
-    "lr 2e-5, looping answers kept": ["--mars_lr", "2e-5", "--data", "{loops}"],
-    "lr 2e-5, <|mask|> row = mean embedding": ["--mars_lr", "2e-5", "--mask_row", "mean"],
-    "lr 2e-5, warmup 75% of the steps": ["--mars_lr", "2e-5", "--warmup", "0.75"],
-    "control (AR loss alone), lr 5e-6": ["--stage", "control", "--mars_lr", "5e-6"],
-    "the chosen recipe (lr 5e-6, ar_weight 4, mean row)": CHOSEN,
-    "the chosen recipe on few answers, two epochs": [*CHOSEN, "--data", "{few}"],
+    "reference: hard targets, lr 1e-4": [],
+    "soft targets": ["--targets", "soft"],
+    "clean padding dropped": ["--clean_padding", "drop"],
+    "soft targets, clean padding dropped": ["--targets", "soft", "--clean_padding", "drop"],
+    "lr 2e-4": ["--mars_lr", "2e-4"],
+    "lr 5e-5": ["--mars_lr", "5e-5"],
+    "block offset random": ["--block_offset", "random"],
+    "ar_weight 4": ["--ar_weight", "4"],
 }
 TAU = 0.9
 
 
-def with_cut_off(path):
-    """A training file of the finished answers and the cut-off ones (extras.real.distill writes them apart)."""
-    stem = os.path.splitext(path)[0]
-    out = stem + "_with_cut_off.jsonl"
-    with open(out, "w", encoding="utf-8") as f:
-        for part in (path, stem + "_cut_off.jsonl"):
-            with open(part, encoding="utf-8") as g:
-                f.write(g.read())
-    return out
-
-
-def first_answers(path, n):
-    """A training file of the first n answers of path."""
-    out = os.path.splitext(path)[0] + f"_first_{n}.jsonl"
-    with open(path, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as g:
-        g.writelines(line for _, line in zip(range(n), f))
-    return out
-
-
-def train_command(lever, args, out_dir, files):
+def train_command(lever, args, out_dir):
     flags = ["--stage", "mars", "--init_from", args.base, "--data", args.data, "--out_dir", out_dir,
              "--batch_size", str(args.batch_size), "--micro_batch", str(args.batch_size), "--max_seq_len", "256",
              "--mars_iters", str(args.steps), "--warmup", str(args.warmup), "--eval_every", str(args.steps),
              "--save_every", str(args.steps), "--summary_limit", "0", "--device", args.device]
-    extra = [files.get(f, f) for f in LEVERS[lever]]
-    for flag in ("--data", "--stage"):  # the lever's replaces the shared one
-        if flag in extra:
-            i = flags.index(flag)
-            del flags[i:i + 2]
+    extra = REFERENCE + LEVERS[lever]
     return [sys.executable, "train.py", *flags, *extra]
 
 
@@ -78,18 +56,22 @@ def measure(path, tok, prompts, base_runs, args):
     """The validation figures of one MARS checkpoint."""
     ckpt = load_checkpoint(path, args.device)
     model = model_from_checkpoint(ckpt, args.device)[0].eval()
-    B = (ckpt.get("mars") or ckpt["control"])["B"]  # the control: its <|mask|> untrained
-    runs = decode(model, tok, prompts, [AR, {"tau": TAU}], args, B)
+    B = ckpt["mars"]["B"]
+    runs = decode(model, tok, prompts, [AR, {"tau": TAU}, LOSSLESS], args, B)
     own, fast = runs[name(AR)], runs[name({"tau": TAU})]
     last = ckpt["history"][-1]
     return {"val_noisy_loss": round(last["val_noisy"], 4) if "val_noisy" in last else None,
             "val_clean_loss": round(last.get("val_clean", last["val_loss"]), 4),
             "ar_agreement": ar_agreement(model, tok, prompts, base_runs),
             "identical_at_tau_1": identical(own, base_runs),
-            f"tokens_per_forward_at_tau_{TAU}": round(sum(len(r.tokens) for r in fast)
-                                                      / max(sum(r.forwards for r in fast), 1), 4),
+            f"tokens_per_forward_at_tau_{TAU}": tokens_per_forward(fast),
             f"identical_to_own_ar_at_tau_{TAU}": identical(fast, own),
+            "tokens_per_forward_lossless": tokens_per_forward(runs[name(LOSSLESS)]),
             "train_seconds": last["elapsed_s"]}
+
+
+def tokens_per_forward(runs):
+    return round(sum(len(r.tokens) for r in runs) / max(sum(r.forwards for r in runs), 1), 4)
 
 
 def regenerating_command(argv):
@@ -109,12 +91,12 @@ def get_args(argv=None):
     p.add_argument("--val", required=True, help="the validation prompts (python -m extras.real.distill --val)")
     p.add_argument("--out", required=True, help="the JSON to write, row by row")
     p.add_argument("--out_dir", default="out/smollm/search", help="where the runs train (default out/smollm/search)")
-    p.add_argument("--steps", type=int, default=40, help="optimizer steps per run (default 40)")
+    p.add_argument("--steps", type=int, default=60, help="optimizer steps per run (default 60)")
     p.add_argument("--batch_size", type=int, default=8, help="rows per step (default 8)")
-    p.add_argument("--warmup", type=float, default=0.25, help="warmup share of the steps (default 0.25)")
+    p.add_argument("--warmup", type=float, default=0.1, help="warmup share of the steps (default 0.1)")
     p.add_argument("--only", nargs="*", choices=LEVERS, help="run these levers only (default: all)")
     p.add_argument("--batch", type=int, default=32, help="rows decoded together (default 32)")
-    p.add_argument("--max_new_tokens", type=int, default=128, help="the answers' budget (default 128)")
+    p.add_argument("--max_new_tokens", type=int, default=64, help="the answers' budget while measuring (default 64)")
     add_device(p)
     args = p.parse_args(argv)
     if min(args.steps, args.batch_size, args.batch, args.max_new_tokens) < 1 or not 0 <= args.warmup < 1:
@@ -133,17 +115,16 @@ def main(argv=None):
     prompts = [tok.prompt_ids(e["prompt"]) for e in examples]
     print(f"the base model's answers to {len(prompts)} validation prompts", flush=True)
     base_runs = decode(base.eval(), tok, prompts, [AR], args)[name(AR)]
-    files = {"{loops}": with_cut_off(args.data), "{few}": first_answers(args.data, args.steps * args.batch_size // 2)}
     for lever in args.only or LEVERS:
         if lever in done:
             continue
         out_dir = os.path.join(args.out_dir, "".join(c if c.isalnum() else "_" for c in lever))
-        cmd = train_command(lever, args, out_dir, files)
+        cmd = train_command(lever, args, out_dir)
         print(f"\n== {lever}: {shlex.join(cmd[1:])}", flush=True)
         t0 = time.time()
         if subprocess.run(cmd).returncode:
             raise UserError(f"the run of {lever!r} failed (its command is above)")
-        path = os.path.join(out_dir, "control.pt" if "control" in LEVERS[lever] else "mars.pt")
+        path = os.path.join(out_dir, "mars.pt")
         row = {"lever": lever, "train_command": shlex.join(["python", *cmd[1:]]),
                **measure(path, tok, prompts, base_runs, args), "seconds": round(time.time() - t0, 1)}
         os.remove(path)

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from cli import Parser, run_cli
+from config import Parser, run_cli
 
 POLL_SECONDS = 0.5  # a save closer than this to the next one may go unkept: real runs save minutes apart
 

@@ -1,0 +1,37 @@
+"""Targets that keep the model itself (train.py --targets soft; beyond the paper, whose targets are the data's
+tokens): every response position of both streams learns the frozen base model's next-token distribution there,
+the clean stream by soft-target cross-entropy (its KL to the base plus the base's entropy, a constant), the noisy
+stream likewise at the position it predicts. Medusa-2 keeps its backbone's quality with the same KL when it
+fine-tunes backbone and heads together.
+
+The base is a frozen copy in memory, run once per micro-batch on the clean sequence (a forward, no backward),
+rather than top-k probabilities stored at distillation: exact at no storage, any data file works, and its cost is
+measured (docs/real_models.md). Targets past a sequence's first end of turn (the padding to B's multiple) stay its
+end of turn, one-hot: the base, fed an end of turn, writes anything, and masks past the end learn to predict it.
+"""
+import copy
+
+import torch
+import torch.nn.functional as F
+
+
+class Teacher:
+    """The frozen base model (a copy of `model` as it is now) and the soft targets it gives."""
+
+    def __init__(self, model, tok):
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.tok = tok
+
+    @torch.no_grad()
+    def targets(self, x, y, clean_y, noisy=True):
+        """(n, vocab) probabilities, one per target of mars.mars_loss's [y | clean_y] (noisy) or of clean_y alone,
+        in the order of its targets != -1, row by row (clean_y: y, or y without its padding's targets)."""
+        logits = self.model(x, logits_at=y != -1).float()[:, :self.tok.n_vocab]
+        logits[:, self.tok.mask] = float("-inf")  # a placeholder is never a target
+        probs = logits.softmax(-1)
+        eot = y == self.tok.eot
+        padding = (eot & (eot.cumsum(1) > 1))[y != -1]  # after the first end of turn
+        probs[padding] = F.one_hot(torch.tensor(self.tok.eot), probs.shape[1]).to(probs)
+        row = ((y != -1).flatten().cumsum(0) - 1).view_as(y)  # each response position's row of probs
+        index = torch.cat([row, row], 1)[torch.cat([y, clean_y], 1) != -1] if noisy else row[clean_y != -1]
+        return probs[index]
