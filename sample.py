@@ -56,6 +56,41 @@ def generate(model, prompt, eot_id, mask_id, B, tau=0.9, max_new_tokens=64, n_vo
     return out, chunks
 
 
+@torch.inference_mode()
+def generate_many(model, prompts, eot_id, mask_id, B, tau=0.9, max_new_tokens=64, n_vocab=None):
+    """generate for many prompts at once (training's validation and summary), committing what generate commits
+    (a test checks). Each row feeds its own fresh tokens and the masks, right-padded with masks that no real
+    position sees (attention is causal), and leaves the batch when its answer ends. Returns [(out, chunks)]."""
+    device, n_masks = model.wte.weight.device, mars.masks_to_feed(B, tau)
+    budgets = [min(max_new_tokens, model.config.max_seq_len - len(p)) for p in prompts]
+    results = [([], []) for _ in prompts]
+    rows = [i for i, n in enumerate(budgets) if n > 0]
+    cache = model.new_cache(len(rows), max([len(prompts[i]) + budgets[i] for i in rows], default=0) + 2 * B)
+    fresh = [list(prompts[i]) for i in rows]
+    while rows:
+        t, cached = max(map(len, fresh)) + n_masks, cache.lengths
+        window = torch.tensor([f + [mask_id] * (t - len(f)) for f in fresh], device=device)
+        positions = torch.tensor(cached, device=device)[:, None] + torch.arange(t, device=device)
+        logits = model(window, positions=positions, cache=cache)
+        at = torch.tensor([len(f) - 1 for f in fresh], device=device)[:, None] + torch.arange(n_masks + 1, device=device)
+        logits = logits[torch.arange(len(rows), device=device)[:, None], at, :n_vocab]  # each row's B predictions
+        logits[..., mask_id] = float("-inf")
+        tokens, conf = mars.choose(logits)
+        n = mars.accept(conf, tau).tolist()
+        cache.rollback([c + len(f) for c, f in zip(cached, fresh)])  # keep the real tokens, drop the masks
+        for j, i in enumerate(rows):
+            out, chunks = results[i]
+            fresh[j] = tokens[j, :n[j]].tolist()[:budgets[i] - len(out)]
+            if eot_id in fresh[j]:
+                fresh[j] = fresh[j][:fresh[j].index(eot_id) + 1]
+            out += fresh[j]
+            chunks.append(fresh[j])
+        alive = [j for j, i in enumerate(rows) if len(results[i][0]) < budgets[i] and results[i][0][-1] != eot_id]
+        cache.keep_rows(alive)
+        rows, fresh = [rows[j] for j in alive], [fresh[j] for j in alive]
+    return results
+
+
 # ---------------------------------------------------------------------------
 # The command line
 

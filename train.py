@@ -26,6 +26,7 @@ from config import MODEL_KEYS, autocast, fit_hf_schedule, get_args, run_cli, sta
 from model import GPT, GPTConfig
 
 STEP_TIME = {"ar": 1.0, "control": 1.0, "mars": 1.9}  # time of a step against stage 1's (docs/profile_cpu.json)
+EVAL_BATCH = 64  # prompts decoded at once when scoring: one forward serves them all
 
 
 def lr_at(it, peak, warmup_frac, iters):
@@ -264,15 +265,15 @@ def finish(stage):
 
 def evaluate(model, tok, examples, B=1, tau=1.0):
     """Greedy exact-answer accuracy, overall and per family, and tokens per forward (output tokens over
-    forwards), each prompt decoded by the paper's loop, sample.generate."""
+    forwards), the prompts decoded EVAL_BATCH at a time by sample.generate_many (what sample.generate commits)."""
     model.eval()
-    right, tokens, forwards = [], 0, 0
-    for e in examples:  # n_vocab: never an id past the tokenizer's
-        prompt = tok.prompt_ids(e["prompt"])
-        out, chunks = sample.generate(model, prompt, tok.eot, tok.mask, B, tau, n_vocab=tok.n_vocab)
-        right.append(int(data.check(e, tok.answer(out))))
-        tokens, forwards = tokens + len(out), forwards + len(chunks)
+    done = []
+    for i in range(0, len(examples), EVAL_BATCH):  # n_vocab: never an id past the tokenizer's
+        prompts = [tok.prompt_ids(e["prompt"]) for e in examples[i:i + EVAL_BATCH]]
+        done += sample.generate_many(model, prompts, tok.eot, tok.mask, B, tau, n_vocab=tok.n_vocab)
     model.train()
+    right = [int(data.check(e, tok.answer(out))) for e, (out, _) in zip(examples, done)]
+    tokens, forwards = sum(len(out) for out, _ in done), sum(len(chunks) for _, chunks in done)
     tasks = sorted({e["task"] for e in examples})
     per_task = {f: [r for e, r in zip(examples, right) if e["task"] == f] for f in tasks}
     return {"n": len(right), "accuracy": sum(right) / len(right), "tokens_per_forward": tokens / max(forwards, 1),

@@ -1,0 +1,22 @@
+"""sample.generate_many, training's scoring path: for every prompt, the tokens and the forwards sample.generate
+commits, at the paper's tau, at a tau low enough for several tokens a forward, at 1.0 (AR), with answers cut by the budget and prompts of different lengths."""
+import pytest
+
+import data
+import sample
+from checkpoint import load_checkpoint, model_from_checkpoint
+
+
+@pytest.mark.parametrize("name,tau,max_new", [("mars", 0.9, 64), ("mars", 0.01, 7), ("mars", 1.0, 64), ("ar", 1.0, 5)])
+def test_generate_many_commits_what_generate_commits(tiny_run, name, tau, max_new):
+    ckpt = load_checkpoint(tiny_run / f"{name}.pt")
+    model, tok = model_from_checkpoint(ckpt)
+    model.eval()
+    B = ckpt.get("mars", {}).get("B", 1)
+    examples = data.build_instruction_set()["test"][::80]
+    prompts = [tok.prompt_ids(e["prompt"]) for e in examples]
+    assert len({len(p) for p in prompts}) > 3  # ragged rows
+    one = [sample.generate(model, p, tok.eot, tok.mask, B, tau, max_new, n_vocab=tok.n_vocab) for p in prompts]
+    many = sample.generate_many(model, prompts, tok.eot, tok.mask, B, tau, max_new, n_vocab=tok.n_vocab)
+    assert many == one
+    assert any(len(chunks) < len(out) for out, chunks in many) == (tau < 0.5)  # the tiny model's masks pass a low tau
