@@ -93,14 +93,6 @@ def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, offset=0, noisy_weight=Non
     return (weight * noisy + ar_weight * clean).mean(), noisy.mean(), clean.mean()
 
 
-def no_sft_weights(b, generator=None, device="cpu", eps=1e-3):
-    """1/t per sequence, t ~ U[eps, 1): the noisy-loss weights of the paper's
-    "w/o SFT loss" trainer, the masked-diffusion weighting it inherits (its
-    noisy stream is always fully masked, so t only sets the weight)."""
-    t = eps + (1 - eps) * torch.rand(b, generator=generator)
-    return (1 / t).to(device)
-
-
 def ar_loss(model, x, y, per_sequence=False, soft=None):
     """Next-token cross-entropy on the response tokens: the token mean for stage 1 (as the official SFT
     trainer averages), or per_sequence, exactly the clean term of mars_loss (the like-for-like control;
@@ -112,35 +104,15 @@ def ar_loss(model, x, y, per_sequence=False, soft=None):
 # ---------------------------------------------------------------------------
 # Inference (paper section "Inference"): which predictions of a window to commit
 
-METRICS = ("prob", "entropy", "margin")
-
-
 def choose(logits, temperature=0.0, metric="prob", generator=None):
-    """Tokens and their confidence in [0, 1] for logits (..., vocab): greedy at temperature 0, else
-    Gumbel-max sampling of softmax(logits / T). The confidence comes from the untempered softmax, as in
-    the official sampler: the temperature changes which token is drawn, not the scale tau is read on:
-      prob:    probability of the chosen token
-      margin:  top-1 minus top-2 probability
-      entropy: 1 - H(p) / log(vocab), so that one rule, conf >= tau, serves all
-    """
+    """Tokens and their confidence in [0, 1] for logits (..., vocab): the paper's rule is greedy, each
+    position's argmax and its probability. temperature and metric are tools (the last section)."""
     logits = logits.float()
-    if temperature > 0:
-        u = torch.rand(logits.shape, generator=generator, device=logits.device)
-        tokens = (logits / temperature - torch.log(-torch.log(u.clamp_min(1e-20)))).argmax(-1)
-    else:
-        tokens = logits.argmax(-1)
+    tokens = logits.argmax(-1) if temperature == 0 else gumbel_max(logits, temperature, generator)
     probs = logits.softmax(-1)
     if metric == "prob":
-        conf = probs.gather(-1, tokens[..., None])[..., 0]
-    elif metric == "margin":
-        top2 = probs.topk(2, dim=-1).values
-        conf = top2[..., 0] - top2[..., 1]
-    elif metric == "entropy":
-        h = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
-        conf = 1 - h / math.log(logits.shape[-1])
-    else:
-        raise ValueError(f"unknown confidence metric {metric!r}; choose from {METRICS}")
-    return tokens, conf
+        return tokens, probs.gather(-1, tokens[..., None])[..., 0]
+    return tokens, other_confidence(probs, metric)
 
 
 def masks_to_feed(B, tau):
@@ -154,10 +126,44 @@ def accept(conf, tau, max_accept=None):
     prediction (the last real token's, i.e. the AR prediction) is always committed; then
     predictions 2, 3, ... left to right while conf >= tau, stopping at the first that falls short.
     tau >= 1 commits exactly one token: a float32 probability can round to 1.0, and conf >= 1.0
-    would take more. tau is a number or one per row (a threshold per request)."""
-    b, B = conf.shape
-    tau = torch.as_tensor(tau, dtype=conf.dtype, device=conf.device).expand(b)
-    ok = (conf >= tau[:, None]) & (tau[:, None] < 1)
+    would take more."""
+    tau = torch.as_tensor(tau, dtype=conf.dtype, device=conf.device).reshape(-1, 1)  # or one per row: the engine's
+    ok = (conf >= tau) & (tau < 1)
     ok[:, 0] = True
     n = ok.long().cumprod(dim=1).sum(dim=1)
-    return n if max_accept is None else n.clamp(max=max_accept)
+    return n if max_accept is None else n.clamp(max=max_accept)  # a cap: sample.py's --max_accept, a tool
+
+
+# ---------------------------------------------------------------------------
+# Beyond the paper: the ablations train.py offers and the engine's and command lines' knobs. A reader of the
+# method need not read on; each exists for the one user it names.
+
+METRICS = ("prob", "entropy", "margin")
+
+
+def gumbel_max(logits, temperature, generator=None):
+    """A token drawn from softmax(logits / T) (Gumbel-max), for the server's and sample.py's --temperature. The
+    confidence stays the untempered softmax's, as in the official sampler: T changes the token, not tau's scale."""
+    u = torch.rand(logits.shape, generator=generator, device=logits.device)
+    return (logits / temperature - torch.log(-torch.log(u.clamp_min(1e-20)))).argmax(-1)
+
+
+def other_confidence(probs, metric):
+    """The confidences sample.py --metric compares (extras/bench/eval.py sweeps them), on the scale of prob:
+      margin:  top-1 minus top-2 probability
+      entropy: 1 - H(p) / log(vocab), so that one rule, conf >= tau, serves all"""
+    if metric == "margin":
+        top2 = probs.topk(2, dim=-1).values
+        return top2[..., 0] - top2[..., 1]
+    if metric == "entropy":
+        h = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+        return 1 - h / math.log(probs.shape[-1])
+    raise ValueError(f"unknown confidence metric {metric!r}; choose from {METRICS}")
+
+
+def no_sft_weights(b, generator=None, device="cpu", eps=1e-3):
+    """1/t per sequence, t ~ U[eps, 1): the noisy-loss weights of the paper's
+    "w/o SFT loss" trainer, the masked-diffusion weighting it inherits (its
+    noisy stream is always fully masked, so t only sets the weight)."""
+    t = eps + (1 - eps) * torch.rand(b, generator=generator)
+    return (1 / t).to(device)
