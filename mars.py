@@ -8,6 +8,7 @@ MARS block size; tau the acceptance threshold; ar_weight the paper's alpha.
 """
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -68,29 +69,25 @@ def token_ce(model, ids, targets, soft=None, **forward):
     return ce
 
 
-def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, offset=0, noisy_weight=None, clean_y=None, soft=None):
+def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, beyond=None):
     """Returns (loss, noisy_loss, clean_loss) for inputs x and targets y (b, T), y = -1 off the response.
     One forward over [noisy | clean], both streams at positions 0..T-1, under the MARS mask. The loss is,
     per sequence, the mean over its response tokens of CE(noisy) + ar_weight * CE(clean), then the mean
     over sequences: a short answer weighs as much as a long one (the official trainer's "sequence"
-    normalisation). Two ablations: offset shifts the blocks (train.py --block_offset random);
-    noisy_weight (b,) weighs each sequence's noisy loss (the paper's "w/o SFT loss": ar_weight = 0 with
-    the weights of no_sft_weights). Two options beyond the paper: clean_y, the clean stream's own targets
-    (train.py --clean_padding drop); soft (n, vocab), a distribution as each target of [y | clean_y], in the
-    order of its targets != -1, row by row (train.py --targets soft: the base model's, extras/real/teacher.py)."""
+    normalisation). beyond: a Beyond of the last section (ablations and options); None is the paper."""
+    o = beyond or Beyond()
     T = x.shape[1]
     ids = torch.cat([noisy_copy(x, y, mask_id), x], dim=1)  # [noisy | clean]
     pos = torch.arange(T, device=x.device).repeat(2)  # shared positions: both streams at 0..T-1
-    clean_y = y if clean_y is None else clean_y  # the clean stream's own targets: an option beyond the paper
+    clean_y = y if o.clean_y is None else o.clean_y
     targets = torch.cat([y, clean_y], dim=1)  # position q of either stream predicts y[q]
-    attn_mask = training_mask(T, B, offset, x.device)  # offset 0: the paper's block grid
-    skip = idle_noisy_positions(y, B, offset)  # only a saving: drop noisy positions that feed nothing
+    attn_mask = training_mask(T, B, o.offset, x.device)
+    skip = idle_noisy_positions(y, B, o.offset)  # only a saving: drop noisy positions that feed nothing
     ids, pos, targets, attn_mask = ids[:, skip:], pos[skip:], targets[:, skip:], attn_mask[skip:, skip:]
-    ce = token_ce(model, ids, targets, soft, positions=pos, attn_mask=attn_mask)
+    ce = token_ce(model, ids, targets, o.soft, positions=pos, attn_mask=attn_mask)
     n, n_clean = ((t != -1).sum(1).clamp_min(1) for t in (y, clean_y))  # response tokens per sequence
     noisy, clean = ce[:, :-T].sum(1) / n, ce[:, -T:].sum(1) / n_clean  # the clean stream is the last T positions
-    weight = 1.0 if noisy_weight is None else noisy_weight  # the "w/o SFT loss" ablation's 1/t weights
-    return (weight * noisy + ar_weight * clean).mean(), noisy.mean(), clean.mean()
+    return (o.noisy_weight * noisy + ar_weight * clean).mean(), noisy.mean(), clean.mean()
 
 
 def ar_loss(model, x, y, per_sequence=False, soft=None):
@@ -137,6 +134,15 @@ def accept(conf, tau, max_accept=None):
 # ---------------------------------------------------------------------------
 # Beyond the paper: the ablations train.py offers and the engine's and command lines' knobs. A reader of the
 # method need not read on; each exists for the one user it names.
+
+@dataclass(frozen=True)
+class Beyond:
+    """mars_loss's ablations and options; the defaults are the paper's."""
+    offset: int = 0  # shifts every block boundary: the ablation train.py --block_offset random
+    noisy_weight: object = 1.0  # (b,) weights of the noisy loss: the "w/o SFT loss" ablation's 1/t (no_sft_weights)
+    clean_y: object = None  # the clean stream's own targets: train.py --clean_padding drop
+    soft: object = None  # (n, vocab) targets, in the order of [y | clean_y] != -1: --targets soft (extras/real/teacher.py)
+
 
 METRICS = ("prob", "entropy", "margin")
 

@@ -107,8 +107,8 @@ class Stage:
         if self.name != "mars":
             loss = mars.ar_loss(model, x, clean_y, per_sequence=self.name == "control", soft=soft)
             return loss, {"loss": loss}
-        loss, noisy, clean = mars.mars_loss(model, x, y, self.tok.mask, self.args.B, self.args.ar_weight,
-                                            offset, weight, clean_y, soft)
+        beyond = mars.Beyond(offset, 1.0 if weight is None else weight, clean_y, soft)
+        loss, noisy, clean = mars.mars_loss(model, x, y, self.tok.mask, self.args.B, self.args.ar_weight, beyond)
         return loss, {"loss": loss, "noisy": noisy, "clean": clean}
 
     def clean_targets(self, y):

@@ -175,7 +175,7 @@ def test_mars_loss_matches_an_independent_computation(padded_batch, B):
     torch.testing.assert_close(token_mean, mars.ar_loss(m, x, y).double(), atol=1e-6, rtol=0)
     assert abs(token_mean - clean_ref) > 1e-4
     weights = torch.rand(len(x), dtype=torch.float64) * 5
-    loss, _, _ = mars.mars_loss(m, x, y, tok.mask, B, ar_weight=0.0, noisy_weight=weights)
+    loss, _, _ = mars.mars_loss(m, x, y, tok.mask, B, ar_weight=0.0, beyond=mars.Beyond(noisy_weight=weights))
     torch.testing.assert_close(loss.double(), (weights * noisy_seq).mean(), atol=1e-6, rtol=0)
     for w in (0.0, 0.5, 1.0):
         loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, B, ar_weight=w)
@@ -195,9 +195,9 @@ def test_leaving_out_idle_noisy_positions_changes_no_loss(padded_batch, monkeypa
     first_target = int((y != -1).int().argmax(1).min())
     assert 0 < skip <= first_target < skip + B and (skip + offset) % B == 0  # the start of that block
     weights = torch.rand(len(x), dtype=torch.float64) * 5
-    trimmed = mars.mars_loss(m, x, y, tok.mask, B, 0.5, offset, weights)
+    trimmed = mars.mars_loss(m, x, y, tok.mask, B, 0.5, mars.Beyond(offset, weights))
     monkeypatch.setattr(mars, "idle_noisy_positions", lambda *args: 0)
-    full = mars.mars_loss(m, x, y, tok.mask, B, 0.5, offset, weights)
+    full = mars.mars_loss(m, x, y, tok.mask, B, 0.5, mars.Beyond(offset, weights))
     for a, b in zip(trimmed, full):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 

@@ -49,8 +49,8 @@ def test_one_hot_soft_targets_are_the_hard_loss(tok, batch, drop):
     clean_y = drop_padding(tok, y) if drop else y
     both = torch.cat([y, clean_y], 1)
     one_hot = F.one_hot(both[both != -1], tok.n_vocab).float()
-    hard = mars.mars_loss(m, x, y, tok.mask, 4, 0.5, clean_y=clean_y)
-    soft = mars.mars_loss(m, x, y, tok.mask, 4, 0.5, clean_y=clean_y, soft=one_hot)
+    hard = mars.mars_loss(m, x, y, tok.mask, 4, 0.5, mars.Beyond(clean_y=clean_y))
+    soft = mars.mars_loss(m, x, y, tok.mask, 4, 0.5, mars.Beyond(clean_y=clean_y, soft=one_hot))
     for a, b in zip(hard, soft):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
     control = mars.ar_loss(m, x, clean_y, per_sequence=True, soft=F.one_hot(clean_y[clean_y != -1], tok.n_vocab).float())

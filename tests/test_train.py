@@ -570,9 +570,9 @@ def test_bucketed_batch_loss_is_the_mean_of_per_example_losses(tok, splits):
     x, y = data.make_batch(batch, tok.eot, 4)
     weights = torch.rand(len(batch), dtype=torch.float64) + 0.5
     for offset in (0, 2):
-        terms = mars.mars_loss(m, x, y, tok.mask, 4, 0.5, offset, weights)
-        alone = [mars.mars_loss(m, *data.make_batch([r], tok.eot, 4), tok.mask, 4, 0.5, offset, weights[i:i + 1])
-                 for i, r in enumerate(batch)]
+        terms = mars.mars_loss(m, x, y, tok.mask, 4, 0.5, mars.Beyond(offset, weights))
+        alone = [mars.mars_loss(m, *data.make_batch([r], tok.eot, 4), tok.mask, 4, 0.5,
+                                mars.Beyond(offset, weights[i:i + 1])) for i, r in enumerate(batch)]
         for k, term in enumerate(terms):
             torch.testing.assert_close(term, torch.stack([a[k] for a in alone]).mean(), atol=0, rtol=1e-6)
     control = mars.ar_loss(m, x, y, per_sequence=True)
