@@ -136,7 +136,15 @@ def get_args(argv=None):
     p.add_argument("--buckets", type=int, default=16, help="length buckets; a batch comes from one, so it has "
                                                            "little padding (default 16; 1: uniform batches)")
     p.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (default 1.0)")
-    g = p.add_argument_group("MARS (stage 2)")
+    add_stage2_flags(p.add_argument_group("MARS (stage 2)"))
+    g = p.add_argument_group("preset overrides (default: the preset's value)")
+    for name, kind, text in OVERRIDES:
+        g.add_argument(f"--{name}", type=kind, help=text)
+    return resolve(p, p.parse_args(argv))
+
+
+def add_stage2_flags(g):
+    """Stage 2's flags: B, the loss, the ablations and the options beyond the paper (stage2_flags records them)."""
     g.add_argument("--B", type=int, default=4, help="the paper's block size B: the noisy stream's blocks, positions "
                    "predicted together (default 4)")
     g.add_argument("--ar_weight", type=float, help="alpha, weight of the clean-stream (AR) loss (default 1.0; 0 is "
@@ -154,10 +162,6 @@ def get_args(argv=None):
     g.add_argument("--clean_padding", choices=["keep", "drop"], default="keep", help="the end-of-turn padding to B's "
                    "multiple as clean-stream targets: keep (default, the paper's) or drop (decoding never reaches "
                    "it; the noisy stream keeps it either way: masks past the end learn to predict the end)")
-    g = p.add_argument_group("preset overrides (default: the preset's value)")
-    for name, kind, text in OVERRIDES:
-        g.add_argument(f"--{name}", type=kind, help=text)
-    return resolve(p, p.parse_args(argv))
 
 
 def resolve(p, args):

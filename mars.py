@@ -141,7 +141,7 @@ class Beyond:
     offset: int = 0  # shifts every block boundary: the ablation train.py --block_offset random
     noisy_weight: object = 1.0  # (b,) weights of the noisy loss: the "w/o SFT loss" ablation's 1/t (no_sft_weights)
     clean_y: object = None  # the clean stream's own targets: train.py --clean_padding drop
-    soft: object = None  # (n, vocab) targets, in the order of [y | clean_y] != -1: --targets soft (extras/real/teacher.py)
+    soft: object = None  # (n, vocab), in the order of [y | clean_y] != -1: --targets soft (extras/real/teacher.py)
 
 
 METRICS = ("prob", "entropy", "margin")

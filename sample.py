@@ -72,7 +72,8 @@ def generate_many(model, prompts, eot_id, mask_id, B, tau=0.9, max_new_tokens=64
         window = torch.tensor([f + [mask_id] * (t - len(f)) for f in fresh], device=device)
         positions = torch.tensor(cached, device=device)[:, None] + torch.arange(t, device=device)
         logits = model(window, positions=positions, cache=cache)
-        at = torch.tensor([len(f) - 1 for f in fresh], device=device)[:, None] + torch.arange(n_masks + 1, device=device)
+        last = torch.tensor([len(f) - 1 for f in fresh], device=device)  # each row's last real token
+        at = last[:, None] + torch.arange(n_masks + 1, device=device)
         logits = logits[torch.arange(len(rows), device=device)[:, None], at, :n_vocab]  # each row's B predictions
         logits[..., mask_id] = float("-inf")
         tokens, conf = mars.choose(logits)

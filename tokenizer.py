@@ -60,19 +60,18 @@ class Tokenizer:
 
     Interface (train.py, sample.py and extras/ use only this):
       encode(text) -> ids      plain text; a special token's name in it stays text
-      decode(ids) -> str
+      decode(ids) -> str       answer(ids): the text without the end of turn, which the answer is not part of
       prompt_ids(prompt)       the rendered prompt, ending with the assistant's header
-      example_ids(prompt, response) -> (ids, n_prompt): ids = prompt_ids(prompt) + the
-                               response + the chat's end of turn (what it writes after that,
-                               e.g. Qwen's "\\n", is left out); the first n_prompt ids are the
-                               prompt, the rest is what training scores
+      example_ids(prompt, response) -> (ids, n_prompt): ids = prompt_ids(prompt) + the response + the
+                               chat's end of turn (what it writes after that, e.g. Qwen's "\\n", is left
+                               out); the first n_prompt ids are the prompt, the rest is what training scores
       eot                      the chat's end of turn (<|endoftext|>, <|im_end|>, <|eot_id|>)
       mask                     <|mask|>;  n_vocab: ids 0..n_vocab-1 have a token
       state() / from_state()   plain types, for checkpoints ("pattern" and "tokens" are enough for the
                                toy's: the rest defaults to its chat and special tokens)
-    `prompt` is a string (one user turn) or a list of {"role", "content"} messages ending with a
-    user turn. Only the chat's own special tokens are special: message text is rendered with
-    MARK inside every special token's name, then encoded as plain text without it."""
+    `prompt` is a string (one user turn) or a list of {"role", "content"} messages ending with a user turn.
+    Only the chat's own special tokens are special: message text is rendered with MARK inside every special
+    token's name, then encoded as plain text without it."""
 
     def __init__(self, pattern, ranks, specials=None, ordinary=None, normalizer=None, chat=None):
         self.specials = specials or {s: len(ranks) + i for i, s in enumerate(SPECIAL_TOKENS)}
@@ -142,7 +141,6 @@ class Tokenizer:
         return self.enc.decode(ids)
 
     def answer(self, ids):
-        """The text of generated ids without the end of turn (<|endoftext|>), which the answer is not part of."""
         return self.decode([t for t in ids if t != self.eot])
 
     def chat_ids(self, text):

@@ -27,6 +27,7 @@ from model import GPT, GPTConfig
 
 STEP_TIME = {"ar": 1.0, "control": 1.0, "mars": 1.9}  # time of a step against stage 1's (docs/profile_cpu.json)
 EVAL_BATCH = 64  # prompts decoded at once when scoring: one forward serves them all
+VAL_SEED = 1234  # the validation loss's random draws: the same at every evaluation, so that they compare
 
 
 def lr_at(it, peak, warmup_frac, iters):
@@ -124,7 +125,7 @@ class Stage:
         """The training loss on the validation sequences, its random draws from a fixed seed (--no_sft: unweighted;
         --targets soft: on the data's tokens)."""
         self.raw_model.eval()
-        sums, rng = {}, torch.Generator().manual_seed(1234)
+        sums, rng = {}, torch.Generator().manual_seed(VAL_SEED)
         for i in range(0, len(self.val_seqs), self.micro):
             with self.amp():
                 x, y = self.batch(self.val_seqs[i:i + self.micro])

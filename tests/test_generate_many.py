@@ -1,5 +1,6 @@
 """sample.generate_many, training's scoring path: for every prompt, the tokens and the forwards sample.generate
-commits, at the paper's tau, at a tau low enough for several tokens a forward, at 1.0 (AR), with answers cut by the budget and prompts of different lengths."""
+commits, at the paper's tau, at a tau low enough for several tokens a forward, at 1.0 (AR), with answers cut by
+the budget and prompts of different lengths."""
 import pytest
 
 import data
