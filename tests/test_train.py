@@ -125,7 +125,8 @@ def test_stage_ar_then_mars(tmp_path):
                     "--ar_weight", "0.5", "--out_dir", d])
     assert proc.returncode == 0, proc.stderr
     ckpt = assert_checkpoint(d / "mars.pt", "mars")
-    assert ckpt["mars"] == {"B": 3, "ar_weight": 0.5, "no_sft": False, "block_offset": "fixed"}
+    assert ckpt["mars"] == {"B": 3, "ar_weight": 0.5, "no_sft": False, "block_offset": "fixed",
+                            "targets": "hard", "clean_padding": "keep"}
     log = json.loads((d / "mars_log.json").read_text())
     assert {"loss", "noisy", "clean"} <= log[0].keys()
     for r in log:
@@ -304,7 +305,8 @@ def test_control_and_ablation_stages(tmp_path):
                     "--out_dir", d / "nosft", "--init_from", d / "ar.pt"])
     assert proc.returncode == 0, proc.stderr
     ckpt = assert_checkpoint(d / "nosft" / "mars.pt", "mars")
-    assert ckpt["mars"] == {"B": 4, "ar_weight": 0.0, "no_sft": True, "block_offset": "random"}
+    assert ckpt["mars"] == {"B": 4, "ar_weight": 0.0, "no_sft": True, "block_offset": "random",
+                            "targets": "hard", "clean_padding": "keep"}
     log = json.loads((d / "nosft" / "mars_log.json").read_text())
     # the loss is the reweighted noisy loss alone: not the plain noisy mean, and no clean part
     assert any(abs(r["loss"] - r["noisy"]) > 1e-3 for r in log)
