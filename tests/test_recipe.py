@@ -21,7 +21,7 @@ def test_the_small_recipe_runs_every_phase_and_resumes(tiny_run, tmp_path):
     assert real["n"] == 4 and own["n"] == 2 and real["control"] and own["control"]
     assert real["train"]["steps"] == 4 and "quality" in real["base"] and "quality" not in own["base"]
     mars = json.loads((tmp_path / "r" / "mars" / "mars_log.json").read_text())
-    assert len(mars) == 4
+    assert len(mars) == 4 and real["trend"][0]["step"] == 0 and real["trend"][-1]["step"] == 4  # the base, then kept
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count(": done (") == 5, again.stdout
 

@@ -17,6 +17,7 @@ Phases, each a command of its own (printed before it runs, so any can be rerun a
 A phase whose output exists is skipped, and the phases that can resume do: after an interruption, rerun the same
 command. Progress: each phase's own lines, and the recipe's ETA between phases.
 """
+import glob
 import os
 import shlex
 import subprocess
@@ -26,18 +27,19 @@ import time
 from checkpoint import UserError
 from config import Parser, add_device, run_cli
 
-# rows of 512 tokens at most. SmolLM2 answers its own requests at length: at a budget of 128 tokens, 296 of 400
-# answers were cut off on the CPU (docs/distill_self_smollm2_cpu.json), so the gpu preset gives 384. Its sizes follow
-# the rates measured on an H200 (about 8,000 prompts answered a minute, 800 MARS steps of 64 rows in 142 s), for
-# about 15 minutes in all: unmeasured as a whole (docs/real_models.md).
+# Rows of 512 tokens at most. SmolLM2 answers its own requests at length: at a budget of 128 tokens, 296 of 400
+# answers were cut off on the CPU (docs/distill_self_smollm2_cpu.json), so the gpu preset gives 384. Its sizes are
+# estimated from the rates measured on an H200 (about 8,000 prompts answered a minute, 800 MARS steps of 64 rows in
+# 142 s, on rows half as long) for about 15 minutes in all; the whole was never run (docs/real_models.md).
 PRESETS = {
-    "gpu": dict(n_self=20000, n_train=4000, n_val=48, n_heldout=320, n_heldout_self=128, n_val_self=48,
-                max_new_tokens=384, steps=1000, batch_size=64, micro_batch=64, sample_batch=256, answer_batch=256,
+    "gpu": dict(n_self=8000, n_train=4000, n_val=48, n_heldout=320, n_heldout_self=128, n_val_self=48, n_train_self=0,
+                max_new_tokens=384, steps=600, batch_size=64, micro_batch=64, sample_batch=256, answer_batch=256,
                 eval_n=0),
-    "cpu": dict(n_self=2000, n_train=400, n_val=24, n_heldout=320, n_heldout_self=64, n_val_self=24,
-                max_new_tokens=128, steps=120, batch_size=8, micro_batch=8, sample_batch=64, answer_batch=32,
-                eval_n=160),
-    "small": dict(n_self=8, n_train=12, n_val=4, n_heldout=4, n_heldout_self=2, n_val_self=2, max_new_tokens=8,
+    "cpu": dict(n_self=2000, n_train=240, n_val=24, n_heldout=320, n_heldout_self=64, n_val_self=24, n_train_self=400,
+                max_new_tokens=128, steps=60, batch_size=8, micro_batch=8, sample_batch=64, answer_batch=48,
+                eval_n=96),
+    "small": dict(n_self=8, n_train=12, n_val=4, n_heldout=4, n_heldout_self=2, n_val_self=2, n_train_self=0,
+                  max_new_tokens=8,
                   steps=4, batch_size=4, micro_batch=4, sample_batch=4, answer_batch=4, eval_n=0),
 }
 # the recipe's levers over train.py's hf preset: the choice of the lever search on validation prompts
@@ -47,38 +49,34 @@ WEIGHTS = {"self_prompts": 1.0, "distill": 2.0, "mars": 4.0, "control": 3.0, "ev
 
 def phases(args, c):
     """[(name, command, the file it makes)] of the recipe, c: the preset's sizes."""
-    d, py = args.out_dir, [sys.executable]
-    data = os.path.join(d, "distilled.jsonl")
-    requests = args.self_prompts or os.path.join(d, "self_prompts.jsonl")
-    dev = ["--device", args.device]
+    at = lambda *parts: os.path.join(args.out_dir, *parts)  # noqa: E731
+    py, dev, every = [sys.executable], ["--device", args.device], max(1, c["steps"] // 4)
+    requests, data, mars, control = args.self_prompts or at("self_prompts.jsonl"), at("distilled.jsonl"), \
+        at("mars", "mars.pt"), at("control", "control.pt")
+    sizes = lambda *keys: [a for k in keys for a in (f"--{k}", str(c[k]))]  # noqa: E731
     train = [*py, "train.py", "--init_from", args.base, "--data", data, "--max_seq_len", "512", "--batch_size",
              str(c["batch_size"]), "--micro_batch", str(c["micro_batch"]), "--mars_iters", str(c["steps"]),
-             "--eval_every", str(max(1, c["steps"] // 4)), "--save_every", str(max(1, c["steps"] // 4)),
-             "--summary_limit", "0", *LEVERS, *dev]
-    heldout = ["--base", args.base, "--max_new_tokens", str(c["max_new_tokens"]), "--n", str(c["eval_n"]),
-               "--thresholds", "1.0", "0.95", "0.9", *dev]
-    out = [("self_prompts", [*py, "-m", "extras.real.self_prompts", "--ckpt", args.base, "--n", str(c["n_self"]),
-                             "--batch", str(c["sample_batch"]), "--max_tokens", "64", "--out", requests, "--stats",
-                             os.path.join(d, "self_prompts_stats.json"), *dev], requests),
-           ("distill", [*py, "-m", "extras.real.distill", "--ckpt", args.base, "--out", data, "--val",
-                        os.path.join(d, "val.jsonl"), "--heldout", os.path.join(d, "heldout.jsonl"), "--self_prompts",
-                        requests, "--heldout_self", os.path.join(d, "heldout_self.jsonl"), "--n_train",
-                        str(c["n_train"]), "--n_val", str(c["n_val"]), "--n_heldout", str(c["n_heldout"]),
-                        "--n_heldout_self", str(c["n_heldout_self"]), "--n_val_self", str(c["n_val_self"]),
-                        "--max_new_tokens", str(c["max_new_tokens"]), "--batch", str(c["answer_batch"]), "--stats",
-                        os.path.join(d, "distill_stats.json"), *dev], data),
-           ("mars", [*train, "--stage", "mars", "--out_dir", os.path.join(d, "mars"), "--resume"],
-            os.path.join(d, "mars", "mars.pt")),
-           ("control", [*train, "--stage", "control", "--out_dir", os.path.join(d, "control"), "--resume"],
-            os.path.join(d, "control", "control.pt")),
-           ("eval", [*py, "-m", "extras.real.eval", "--ckpt", os.path.join(d, "mars", "mars.pt"), "--control",
-                     os.path.join(d, "control", "control.pt"), "--heldout", os.path.join(d, "heldout.jsonl"),
-                     "--out", os.path.join(d, "real.json"), *heldout], os.path.join(d, "real.json")),
-           ("eval", [*py, "-m", "extras.real.eval", "--ckpt", os.path.join(d, "mars", "mars.pt"), "--control",
-                     os.path.join(d, "control", "control.pt"), "--heldout", os.path.join(d, "heldout_self.jsonl"),
-                     "--wall_n1", "0", "--wall_n8", "0", "--out", os.path.join(d, "real_self.json"), *heldout],
-            os.path.join(d, "real_self.json"))]
-    return out[1:] if args.self_prompts else out
+             "--eval_every", str(every), "--save_every", str(every), "--summary_limit", "0", *LEVERS, *dev]
+    evaluate = [*py, "-m", "extras.real.eval", "--base", args.base, "--ckpt", mars, "--control", control,
+                "--max_new_tokens", str(c["max_new_tokens"]), "--n", str(c["eval_n"]), "--thresholds", "1.0", "0.95",
+                "0.9", *dev]
+    kept = sorted(glob.glob(at("mars", "mars_step*.pt")))  # kept by extras.real.snapshots; eval sorts by step
+    steps = [("self_prompts", [*py, "-m", "extras.real.self_prompts", "--ckpt", args.base, "--n", str(c["n_self"]),
+                               "--batch", str(c["sample_batch"]), "--max_tokens", "64", "--out", requests,
+                               "--stats", at("self_prompts_stats.json"), *dev], requests),
+             ("distill", [*py, "-m", "extras.real.distill", "--ckpt", args.base, "--out", data, "--val",
+                          at("val.jsonl"), "--heldout", at("heldout.jsonl"), "--self_prompts", requests,
+                          "--heldout_self", at("heldout_self.jsonl"), "--stats", at("distill_stats.json"),
+                          *sizes("n_train", "n_val", "n_heldout", "n_heldout_self", "n_val_self", "n_train_self",
+                                 "max_new_tokens"), "--batch", str(c["answer_batch"]), *dev], data),
+             ("mars", [*py, "-m", "extras.real.snapshots", mars, "--", *train, "--stage", "mars", "--out_dir",
+                       at("mars"), "--resume"], mars),
+             ("control", [*train, "--stage", "control", "--out_dir", at("control"), "--resume"], control),
+             ("eval", [*evaluate, "--heldout", at("heldout.jsonl"), *(["--trend", *kept] if kept else []), "--out",
+                       at("real.json")], at("real.json")),
+             ("eval", [*evaluate, "--heldout", at("heldout_self.jsonl"), "--wall_n1", "0", "--wall_n8", "0",
+                       "--out", at("real_self.json")], at("real_self.json"))]
+    return steps[1:] if args.self_prompts else steps
 
 
 def done(name, path):
@@ -92,21 +90,24 @@ def done(name, path):
     return True
 
 
-def run(steps, say=print):
-    """Runs each phase not yet done, in turn, with the recipe's ETA between phases; UserError if one fails."""
+def run(args, say=print):
+    """Runs each phase not yet done, in turn, with the recipe's ETA between phases; UserError if one fails. The
+    phases are built again before each one: the evaluation's trend takes the checkpoints training kept."""
+    steps = phases(args, PRESETS[args.preset])
     total, t0, spent = sum(WEIGHTS[n] for n, _, _ in steps), time.time(), 0.0
-    for k, (name, cmd, path) in enumerate(steps, 1):
+    for k in range(len(steps)):
+        name, cmd, path = phases(args, PRESETS[args.preset])[k]
         if done(name, path):
-            say(f"[{k}/{len(steps)}] {name}: done ({path})")
+            say(f"[{k + 1}/{len(steps)}] {name}: done ({path})")
             total -= WEIGHTS[name]
             continue
-        say(f"[{k}/{len(steps)}] {name}: {shlex.join(['python', *cmd[1:]])}", flush=True)
+        say(f"[{k + 1}/{len(steps)}] {name}: {shlex.join(['python', *cmd[1:]])}", flush=True)
         if subprocess.run(cmd).returncode:
             raise UserError(f"phase {name} failed (its command is above); rerun this command to resume")
         spent += WEIGHTS[name]
         left = (time.time() - t0) / spent * (total - spent)
-        say(f"[{k}/{len(steps)}] {name}: done in {(time.time() - t0) / 60:.1f} min so far | ETA {left / 60:.1f} min",
-            flush=True)
+        say(f"[{k + 1}/{len(steps)}] {name}: done in {(time.time() - t0) / 60:.1f} min so far | "
+            f"ETA {left / 60:.1f} min", flush=True)
 
 
 def get_args(argv=None):
@@ -125,7 +126,7 @@ def main(argv=None):
     args = get_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     try:
-        run(phases(args, PRESETS[args.preset]))
+        run(args)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"what the finished phases made is in {args.out_dir}; rerun the same command to "
                                 "resume") from None

@@ -34,11 +34,11 @@ LEVERS = {
     "reference: hard targets, lr 1e-4": [],
     "soft targets": ["--targets", "soft"],
     "clean padding dropped": ["--clean_padding", "drop"],
-    "soft targets, clean padding dropped": ["--targets", "soft", "--clean_padding", "drop"],
     "lr 2e-4": ["--mars_lr", "2e-4"],
     "lr 5e-5": ["--mars_lr", "5e-5"],
     "block offset random": ["--block_offset", "random"],
     "ar_weight 4": ["--ar_weight", "4"],
+    "soft targets, clean padding dropped": ["--targets", "soft", "--clean_padding", "drop"],
 }
 TAU = 0.9
 
