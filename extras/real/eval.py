@@ -126,11 +126,11 @@ def scores(examples, base, runs, tok):
            "agreement": round(sum(common_prefix(r.tokens, b.tokens) for r, b in zip(runs, base))
                               / max(sum(len(b.tokens) for b in base), 1), 4),
            "cut_off": sum(r.tokens[-1:] != [tok.eot] for r in runs)}
-    texts = [tok.decode([t for t in r.tokens if t != tok.eot]) for r in runs]
+    texts = [tok.answer(r.tokens) for r in runs]
     checked = [(e, text) for e, text in zip(examples, texts) if "kind" in e]
     if checked:
         row["quality"] = quality(checked)
-    toy = [(e, tok.decode([t for t in r.tokens if t != tok.eot])) for e, r in zip(examples, runs) if "answer" in e]
+    toy = [(e, tok.answer(r.tokens)) for e, r in zip(examples, runs) if "answer" in e]
     if toy:
         row["toy"] = {"n": len(toy), "exact": round(sum(data.check(e, text) for e, text in toy) / len(toy), 4),
                       "found": round(sum(found(e["answer"], text) for e, text in toy) / len(toy), 4)}

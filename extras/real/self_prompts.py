@@ -68,7 +68,7 @@ def sample_batch(model, tok, opening, rows, max_tokens, temperature, top_p, seed
         if done.all():
             break
         window = token[:, None].to(device)
-    return [(tok.decode([t for t in row.tolist() if t != tok.eot]), bool(d)) for row, d in zip(out, done)]
+    return [(tok.answer(row.tolist()), bool(d)) for row, d in zip(out, done)]
 
 
 def rejection(text, finished, specials):

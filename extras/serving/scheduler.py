@@ -204,7 +204,7 @@ def summarise(reqs, steps, start, end, slo, tok):
     lat = [r.finish - r.arrival for r in reqs]
     ttft = [r.first_token - r.arrival for r in reqs]
     forwards = sum(r.forwards for r in reqs)
-    correct = [data.check(r.example, tok.decode([t for t in r.tokens if t != tok.eot])) for r in reqs]
+    correct = [data.check(r.example, tok.answer(r.tokens)) for r in reqs]
     pct = lambda xs, q: float(np.percentile(xs, q))
     return dict(requests=len(reqs), p50_latency=pct(lat, 50), p99_latency=pct(lat, 99),
                 p50_ttft=pct(ttft, 50), p99_ttft=pct(ttft, 99),

@@ -293,7 +293,7 @@ class Api:
         return ids
 
     def text(self, ids):
-        return self.tok.decode([t for t in ids if t != self.tok.eot])
+        return self.tok.answer(ids)
 
     def finish_reason(self, job):
         return "stop" if job.tokens[-1:] == [self.tok.eot] else "length"
