@@ -100,115 +100,6 @@ def banned(logits, mask_id, n_vocab):
     return logits
 
 
-def chosen(model, cache, inputs, n_read, mask_id, n_vocab, metric):
-    """decode_step's device part on a StaticKVCache, greedy, from one integer tensor (rows, width + 3): each row's
-    window, then its cached length, the real tokens it feeds (u) and its reads. Returns decode_step's tokens and
-    conf, (rows, n_read); beyond a row's reads both are 0. Nothing in it reads the host, so that a CUDA graph
-    captures it whole."""
-    ids, cached, u, reads = inputs[:, :-3], inputs[:, -3:-2], inputs[:, -2:-1], inputs[:, -1:]
-    cols = torch.arange(ids.shape[1], device=ids.device)
-    at = (u - 1 + cols[:n_read]).clamp(max=ids.shape[1] - 1)  # past a row's reads: any column, then zeroed
-    logits = model(ids, positions=cached + cols, cache=cache, logits_at=at)
-    tokens, conf = mars.choose(banned(logits, mask_id, n_vocab), 0.0, metric)
-    own = cols[:n_read] < reads
-    return tokens * own, conf * own
-
-
-def packed(windows, cached, u, reads, width, rows, mask_id):
-    """chosen's inputs: windows right-padded with masks to width, then rows of masks at position 0 up to rows."""
-    real = [w + [mask_id] * (width - len(w)) + [c, n, r] for w, c, n, r in zip(windows, cached, u, reads)]
-    return torch.tensor(real + [[mask_id] * width + [0, 1, 1]] * (rows - len(windows)))
-
-
-class CudaGraphs:
-    """decode_step at the GPU's speed rather than Python's (gpt-fast's recipe): a static KV cache, and `chosen` at
-    fixed shapes, each captured once in a CUDA graph and replayed. A small model's eager forward is hundreds of
-    kernel launches, each costing the host more than the GPU; a replay is one. Rows pad to a power of two, windows
-    to the next of GRAPH_WIDTHS: padding sits after the real tokens, which never attend to it, and is never read.
-    A wider forward (a prompt's prefill) runs `chosen` eagerly at its own shape. compiled: torch.compile `chosen`
-    before capture (fused kernels; compiling takes a while, once per process). On a CPU nothing is captured: the
-    fixed shapes run eagerly (the tests check them there). choice: (mask_id, n_vocab, metric)."""
-
-    def __init__(self, model, rows, max_len, choice, compiled):
-        p = model.wte.weight
-        self.cache = StaticKVCache(model.config, 1 << (rows - 1).bit_length(), max_len, p.dtype, p.device)
-        self.weights, self.choice, self.compiled = weights(model), choice, compiled
-        self.run = torch.compile(chosen, dynamic=True) if compiled else chosen
-        self.captured, self.holder = {}, None  # (rows, width) -> (inputs, graph, outputs); the engine using it
-
-    def chosen(self, model, inputs, n_read):
-        return self.run(model, self.cache, inputs, n_read, *self.choice)
-
-    def step(self, model, windows, cached, u, reads):
-        """decode_step's tokens and conf for the rows' windows, cached lengths, real tokens fed and reads."""
-        n, width, mask_id = len(windows), max(map(len, windows)), self.choice[0]
-        padded = next((w for w in GRAPH_WIDTHS if w >= width), None)
-        if max(cached) + (padded or width) > self.cache.max_len:
-            raise ValueError(f"KV cache overflow: {max(cached) + (padded or width)} > {self.cache.max_len} slots")
-        if padded is None:  # a prefill: once per prompt, eagerly
-            inputs = packed(windows, cached, u, reads, width, n, mask_id).to(self.cache.k.device)
-            return self.chosen(model, inputs, max(reads))
-        host = packed(windows, cached, u, reads, padded, 1 << (n - 1).bit_length(), mask_id)
-        if host.shape not in self.captured:
-            self.captured[host.shape] = self.capture(model, host)
-        inputs, graph, out = self.captured[host.shape]
-        inputs.copy_(host)
-        if graph is None:  # a CPU
-            out = self.chosen(model, inputs, padded)
-        else:
-            graph.replay()
-        return out[0][:n, :max(reads)].clone(), out[1][:n, :max(reads)].clone()  # the next replay overwrites out
-
-    def capture(self, model, host):
-        """(static inputs, graph, its outputs) for host's shape: warmed up on a side stream (lazy initialisations
-        cannot happen in a capture), then captured. Its writes are those of the step it serves: the same keys and
-        values at the same slots. A CPU has no graphs: (inputs, None, None)."""
-        inputs, width = host.to(self.cache.k.device), host.shape[1] - 3
-        if inputs.device.type != "cuda":
-            return inputs, None, None
-        with torch.cuda.device(inputs.device):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self.chosen(model, inputs, width)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = self.chosen(model, inputs, width)
-        return inputs, graph, out
-
-
-_shared = weakref.WeakKeyDictionary()  # model -> the CudaGraphs one engine at a time borrows
-
-
-def weights(model):
-    """Where the model's weights are: a graph reads them there (a model moved or cast has new ones)."""
-    return tuple(p.data_ptr() for p in model.parameters())
-
-
-def lend_graphs(engine, slots, compiled):
-    """The model's shared CudaGraphs for this engine if no live engine holds it and it fits (rows, slots, the same
-    weights and choice), else a new one, shared from then on unless another engine holds the old. Engines decode
-    one after another (generate_batch makes one per call): each would otherwise capture its shapes again. Its
-    cache has room for the widest padding, in multiples of 256 slots, so that later engines fit."""
-    model, old = engine.model, _shared.get(engine.model)
-    rows, max_len = engine.max_batch, 256 * math.ceil((slots + GRAPH_WIDTHS[-1]) / 256)
-    choice = (engine.mask_id, engine.sampling["n_vocab"], engine.sampling["metric"])
-    free = old is not None and (old.holder is None or old.holder() is None)
-    same = free and (old.weights, old.choice, old.compiled) == (weights(model), choice, compiled)
-    if same and old.cache.k.shape[1] >= rows and old.cache.max_len >= max_len:
-        graphs = old
-    else:
-        if same:  # grow: the next engine may need what the last one did
-            rows, max_len = max(rows, old.cache.k.shape[1]), max(max_len, old.cache.max_len)
-        graphs = CudaGraphs(model, rows, max_len, choice, compiled)
-        if old is None or free:
-            _shared[model] = graphs
-    graphs.holder, graphs.cache.lengths = weakref.ref(engine), []
-    return graphs
-
-
 def through_eot(tokens, eot_id):
     """tokens up to and including the first <|endoftext|>: a sequence ends there."""
     return tokens[:tokens.index(eot_id) + 1] if eot_id in tokens else tokens
@@ -433,3 +324,121 @@ def generate_batch(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="slid
     for r in requests:
         r.seconds = seconds
     return requests
+
+
+# ---------------------------------------------------------------------------
+# CUDA graphs: decode_step's greedy forward at fixed shapes, replayed (the engine's default on CUDA)
+
+def chosen(model, cache, inputs, n_read, mask_id, n_vocab, metric):
+    """decode_step's device part on a StaticKVCache, greedy, from one integer tensor (rows, width + 3): each row's
+    window, then its cached length, the real tokens it feeds (u) and its reads. Returns decode_step's tokens and
+    conf, (rows, n_read); beyond a row's reads both are 0. Nothing in it reads the host, so that a CUDA graph
+    captures it whole."""
+    ids, cached, u, reads = inputs[:, :-3], inputs[:, -3:-2], inputs[:, -2:-1], inputs[:, -1:]
+    cols = torch.arange(ids.shape[1], device=ids.device)
+    at = (u - 1 + cols[:n_read]).clamp(max=ids.shape[1] - 1)  # past a row's reads: any column, then zeroed
+    logits = model(ids, positions=cached + cols, cache=cache, logits_at=at)
+    tokens, conf = mars.choose(banned(logits, mask_id, n_vocab), 0.0, metric)
+    own = cols[:n_read] < reads
+    return tokens * own, conf * own
+
+
+def packed(windows, cached, u, reads, width, rows, mask_id):
+    """chosen's inputs: windows right-padded with masks to width, then rows of masks at position 0 up to rows."""
+    real = [w + [mask_id] * (width - len(w)) + [c, n, r] for w, c, n, r in zip(windows, cached, u, reads)]
+    return torch.tensor(real + [[mask_id] * width + [0, 1, 1]] * (rows - len(windows)))
+
+
+class CudaGraphs:
+    """decode_step at the GPU's speed rather than Python's (gpt-fast's recipe): a static KV cache, and `chosen` at
+    fixed shapes, each captured once in a CUDA graph and replayed. A small model's eager forward is hundreds of
+    kernel launches, each costing the host more than the GPU; a replay is one. Rows pad to a power of two, windows
+    to the next of GRAPH_WIDTHS: padding sits after the real tokens, which never attend to it, and is never read;
+    the keys attended, to a power of two above the positions fed (a graph per length, not the whole cache at every
+    step). A wider forward (a prompt's prefill) runs `chosen` eagerly at its own shape. compiled: torch.compile
+    `chosen` before capture (fused kernels; compiling takes a while, once per process). On a CPU nothing is
+    captured: the fixed shapes run eagerly (the tests check them there). choice: (mask_id, n_vocab, metric)."""
+
+    def __init__(self, model, rows, max_len, choice, compiled):
+        p = model.wte.weight
+        self.cache = StaticKVCache(model.config, 1 << (rows - 1).bit_length(), max_len, p.dtype, p.device)
+        self.weights, self.choice, self.compiled = weights(model), choice, compiled
+        self.run = torch.compile(chosen, dynamic=True) if compiled else chosen
+        self.captured, self.holder = {}, None  # (rows, width, keys) -> (inputs, graph, outputs); who borrows it
+        self.pool = None  # the graphs' memory, shared: one replays at a time, its outputs copied before the next
+
+    def chosen(self, model, inputs, n_read):
+        return self.run(model, self.cache, inputs, n_read, *self.choice)
+
+    def step(self, model, windows, cached, u, reads):
+        """decode_step's tokens and conf for the rows' windows, cached lengths, real tokens fed and reads."""
+        n, width, mask_id = len(windows), max(map(len, windows)), self.choice[0]
+        padded = next((w for w in GRAPH_WIDTHS if w >= width), None)
+        end = max(cached) + (padded or width)  # past the last position fed
+        if end > self.cache.max_len:
+            raise ValueError(f"KV cache overflow: {end} > {self.cache.max_len} slots")
+        self.cache.keys = min(max(1 << (end - 1).bit_length(), 128), self.cache.max_len)
+        if padded is None:  # a prefill: once per prompt, eagerly
+            inputs = packed(windows, cached, u, reads, width, n, mask_id).to(self.cache.k.device)
+            return self.chosen(model, inputs, max(reads))
+        host = packed(windows, cached, u, reads, padded, 1 << (n - 1).bit_length(), mask_id)
+        shape = (*host.shape, self.cache.keys)
+        if shape not in self.captured:
+            self.captured[shape] = self.capture(model, host)
+        inputs, graph, out = self.captured[shape]
+        inputs.copy_(host)
+        if graph is None:  # a CPU
+            out = self.chosen(model, inputs, padded)
+        else:
+            graph.replay()
+        return out[0][:n, :max(reads)].clone(), out[1][:n, :max(reads)].clone()  # the next replay overwrites out
+
+    def capture(self, model, host):
+        """(static inputs, graph, its outputs) for host's shape and the cache's keys: warmed up on a side stream
+        (lazy initialisations cannot happen in a capture), then captured. Its writes are those of the step it serves:
+        the same keys and values at the same slots. A CPU has no graphs: (inputs, None, None)."""
+        inputs, width = host.to(self.cache.k.device), host.shape[1] - 3
+        if inputs.device.type != "cuda":
+            return inputs, None, None
+        with torch.cuda.device(inputs.device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.chosen(model, inputs, width)
+            torch.cuda.current_stream().wait_stream(side)
+            self.pool = self.pool or torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.chosen(model, inputs, width)
+        return inputs, graph, out
+
+
+_shared = weakref.WeakKeyDictionary()  # model -> the CudaGraphs one engine at a time borrows
+
+
+def weights(model):
+    """Where the model's weights are: a graph reads them there (a model moved or cast has new ones)."""
+    return tuple(p.data_ptr() for p in model.parameters())
+
+
+def lend_graphs(engine, slots, compiled):
+    """The model's shared CudaGraphs for this engine if no live engine holds it and it fits (rows, slots, the same
+    weights and choice), else a new one, shared from then on unless another engine holds the old. Engines decode
+    one after another (generate_batch makes one per call): each would otherwise capture its shapes again. Its
+    cache has room for the widest padding, in multiples of 256 slots, so that later engines fit."""
+    model, old = engine.model, _shared.get(engine.model)
+    rows, max_len = engine.max_batch, 256 * math.ceil((slots + GRAPH_WIDTHS[-1]) / 256)
+    choice = (engine.mask_id, engine.sampling["n_vocab"], engine.sampling["metric"])
+    free = old is not None and (old.holder is None or old.holder() is None)
+    same = free and (old.weights, old.choice, old.compiled) == (weights(model), choice, compiled)
+    if same and old.cache.k.shape[1] >= rows and old.cache.max_len >= max_len:
+        graphs = old
+    else:
+        if same:  # grow: the next engine may need what the last one did
+            rows, max_len = max(rows, old.cache.k.shape[1]), max(max_len, old.cache.max_len)
+        graphs = CudaGraphs(model, rows, max_len, choice, compiled)
+        if old is None or free:
+            _shared[model] = graphs
+    graphs.holder, graphs.cache.lengths = weakref.ref(engine), []
+    return graphs

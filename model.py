@@ -101,11 +101,12 @@ class StaticKVCache(KVCache):
     """A KV cache of fixed shapes, for CUDA graphs (engine.CudaGraphs): batch_size rows allocated once, the running
     rows first (keep_rows moves them up in place: a captured graph holds these tensors), and position p's keys and
     values in slot p, so that a forward's writes and its mask follow from its positions on the device alone. Every
-    query attends all max_len slots, those past its own masked. `lengths` is the caller's bookkeeping only."""
+    query attends the first `keys` slots (the caller sets it above every position it feeds), those past its own
+    masked. `lengths` is the caller's bookkeeping only."""
 
     def __init__(self, config, batch_size, max_len, dtype, device):
         super().__init__(config, batch_size, max_len, dtype, device)
-        self.lengths = []  # no row runs yet
+        self.lengths, self.keys = [], max_len  # no row runs yet
 
     def keep_rows(self, rows):
         moved = [(i, j) for i, j in enumerate(rows) if i != j]
@@ -120,14 +121,14 @@ class StaticKVCache(KVCache):
         self.lengths = self.lengths + [0] * n
 
     def write_plan(self, positions):  # positions (b, t): the rows are the first b
-        visible = torch.arange(self.max_len, device=positions.device) <= positions[..., None]  # (b, t, max_len)
-        return positions, self.max_len, visible[:, None]
+        visible = torch.arange(self.keys, device=positions.device) <= positions[..., None]  # (b, t, keys)
+        return positions, self.keys, visible[:, None]
 
     def update(self, layer, k, v, slots, n_keys):
         b, index = k.shape[0], slots[:, None, :, None].expand_as(k)
         self.k[layer, :b].scatter_(2, index, k)
         self.v[layer, :b].scatter_(2, index, v)
-        return self.k[layer, :b], self.v[layer, :b]
+        return self.k[layer, :b, :, :n_keys], self.v[layer, :b, :, :n_keys]
 
     def advance(self, t):
         pass  # its forwards read positions, not lengths (and a graph's replay runs no Python)
