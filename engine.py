@@ -7,8 +7,12 @@ windows right-padded); requests joining before a forward and leaving after it, e
 budget; three caches: none (the reference), sliding (keep the committed prefix, drop the masks after each
 forward) and the paper's block-level cache; lossless decoding and masks="auto" (as many masks as pay for
 what they cost, cost.py), both beyond the paper; a trace of what each forward fed, predicted and committed.
+On CUDA a greedy step replays a CUDA graph of its fixed shapes over a static KV cache (CudaGraphs), committing
+what the eager step commits; on a CPU the step runs eagerly, as it always has.
 """
+import math
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -16,9 +20,12 @@ import torch
 
 import data
 import mars
+from model import StaticKVCache
 
 CACHE_MODES = ("none", "sliding", "block")
 MASK_MODES = ("fixed", "auto")  # auto: cost.py, imported only for it
+GRAPH_MODES = ("off", "captured", "compiled")  # CudaGraphs: none, captured forwards, compiled then captured
+GRAPH_WIDTHS = (1, 2, 4, 8, 16, 32)  # a window pads to the next of these; a wider one (a prefill) runs eagerly
 
 
 @dataclass(eq=False)  # requests compare by identity
@@ -56,32 +63,42 @@ def n_reads(request):
 
 
 @torch.inference_mode()
-def decode_step(model, requests, kv, mask_id, *, temperature=0.0, metric="prob", generator=None, n_vocab=None):
+def decode_step(model, requests, kv, mask_id, *, temperature=0.0, metric="prob", generator=None, n_vocab=None,
+                graphs=None):
     """One forward for a batch of requests, one row each, each feeding its window. Returns (tokens, conf),
     each (rows, n_read): column 0 is the prediction after the last real token (the AR prediction), then one
     after each draft and each mask; beyond a request's own reads conf is 0. After the forward the cache holds
     every fed position; the caller rolls it back to what it keeps.
-    n_vocab: ids from there on (a real checkpoint's padding rows) are never chosen."""
+    n_vocab: ids from there on (a real checkpoint's padding rows) are never chosen.
+    graphs: the CudaGraphs that kv belongs to: a greedy step runs there, at fixed shapes."""
     device = model.wte.weight.device
     cached = [0 if kv is None else r.cached for r in requests]
     windows = [window(r, kv, mask_id) for r in requests]
+    u = [len(r.ids) - c for r, c in zip(requests, cached)]  # real tokens fed
+    if kv is not None:
+        kv.rollback(cached)
+    if graphs is not None and temperature == 0:
+        return graphs.step(model, windows, cached, u, [n_reads(r) for r in requests])
+    reads = torch.tensor([n_reads(r) for r in requests], device=device)[:, None]
     width = max(map(len, windows))
     ids = torch.tensor([w + [mask_id] * (width - len(w)) for w in windows], device=device)
     cols = torch.arange(width, device=device)
     positions = torch.tensor(cached, device=device)[:, None] + cols
-    u = torch.tensor([len(r.ids) - c for r, c in zip(requests, cached)], device=device)[:, None]  # real tokens fed
-    reads = torch.tensor([n_reads(r) for r in requests], device=device)[:, None]
-    if kv is not None:
-        kv.rollback(cached)
+    u = torch.tensor(u, device=device)[:, None]
     flat = model(ids, positions=positions, cache=kv, logits_at=(cols >= u - 1) & (cols < u - 1 + reads))
     own = torch.arange(int(reads.max()), device=device) < reads  # (rows, n_read): the row's reads, then padding
     logits = flat.new_zeros(len(requests), own.shape[1], flat.shape[-1])
     logits[own] = flat  # row-major order on both sides
-    logits[..., mask_id] = float("-inf")  # a placeholder is never an output
+    tokens, conf = mars.choose(banned(logits, mask_id, n_vocab), temperature, metric, generator)
+    return tokens, conf * own
+
+
+def banned(logits, mask_id, n_vocab):
+    """logits with what is never an output at -inf: the <|mask|> placeholder, and ids from n_vocab on."""
+    logits[..., mask_id] = float("-inf")
     if n_vocab is not None:
         logits[..., n_vocab:] = float("-inf")
-    tokens, conf = mars.choose(logits, temperature, metric, generator)
-    return tokens, conf * own
+    return logits
 
 
 def through_eot(tokens, eot_id):
@@ -160,9 +177,10 @@ class Engine:
 
     def __init__(self, model, eot_id, mask_id, B, max_batch, max_new_tokens=64, *, cache="sliding",
                  B_cache=16, cache_len=None, max_context=None, n_vocab=None, metric="prob", temperature=0.0,
-                 max_accept=None, trace=None, masks="fixed", step_cost=None):
-        if cache not in CACHE_MODES or masks not in MASK_MODES:
-            raise ValueError(f"cache must be one of {CACHE_MODES}, masks one of {MASK_MODES}")
+                 max_accept=None, trace=None, masks="fixed", step_cost=None, graphs=None):
+        if cache not in CACHE_MODES or masks not in MASK_MODES or graphs not in (None, *GRAPH_MODES):
+            raise ValueError(f"cache must be one of {CACHE_MODES}, masks one of {MASK_MODES}, graphs one of "
+                             f"{GRAPH_MODES}")
         self.model, self.eot_id, self.mask_id, self.B = model, eot_id, mask_id, B
         self.max_batch, self.max_new_tokens, self.max_accept, self.trace = max_batch, max_new_tokens, max_accept, trace
         self.sampling = dict(temperature=temperature, metric=metric, n_vocab=n_vocab)
@@ -173,7 +191,10 @@ class Engine:
         # prompt + answer: the model's context, or less (a 32k context would size a 32k cache per row)
         self.max_seq = min(model.config.max_seq_len, max_context or model.config.max_seq_len)
         slots = cache_len or 2 * self.max_seq + max(2 * B, B_cache + 1)  # a joining prompt pads every window
-        self.kv = None if cache == "none" else model.new_cache(0, slots)
+        # CUDA graphs by default on CUDA, with a cache (masks="auto" sizes its windows on the eager step's profile)
+        graphs = graphs or ("captured" if model.wte.weight.is_cuda and masks == "fixed" else "off")
+        self.graphs = None if cache == "none" or graphs == "off" else lend_graphs(self, slots, graphs == "compiled")
+        self.kv = None if cache == "none" else self.graphs.cache if self.graphs else model.new_cache(0, slots)
         self.waiting, self.running, self.forwards = deque(), [], 0
         self.auto = None
         if masks == "auto" and B > 1:  # t(batch, width)
@@ -223,7 +244,7 @@ class Engine:
         requests = self.running
         if self.auto:  # fewer masks where they would cost more than they commit
             self.auto.size(requests)
-        tokens, conf = decode_step(self.model, requests, self.kv, self.mask_id, **self.sampling)
+        tokens, conf = decode_step(self.model, requests, self.kv, self.mask_id, graphs=self.graphs, **self.sampling)
         self.forwards += 1
         for r in requests:
             r.forwards += 1
@@ -284,7 +305,8 @@ def generate_batch(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="slid
                    lossless=False, max_new_tokens=64, **options):
     """Decode a batch of prompts (lists of ids) together; returns one finished Request per prompt.
     tau: a number or one per prompt. options: metric, temperature, max_accept, n_vocab, trace
-    (a list: one dict per forward and request), masks ("fixed" or "auto") and step_cost (auto's cost model)."""
+    (a list: one dict per forward and request), masks ("fixed" or "auto"), step_cost (auto's cost model) and
+    graphs (GRAPH_MODES; default: captured on CUDA, else off)."""
     if lossless and (cache == "block" or options.get("temperature", 0) > 0):
         raise ValueError("lossless decoding is greedy, with cache none or sliding")
     if not prompts:
@@ -296,8 +318,12 @@ def generate_batch(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="slid
     requests = [Request(list(p), tau=t, lossless=lossless, index=i) for i, (p, t) in enumerate(zip(prompts, taus))]
     decoder.waiting.extend(requests)
     t0 = clock(model)
-    while decoder.backlog:
-        decoder.step()
+    try:
+        while decoder.backlog:
+            decoder.step()
+    finally:
+        if decoder.graphs:  # the next call's engine borrows them
+            decoder.graphs.holder = None
     seconds = clock(model) - t0
     for r in requests:
         r.seconds = seconds
@@ -313,3 +339,121 @@ def decode_examples(model, tok, examples, batch_size=64, **decode):
                               **{"n_vocab": tok.n_vocab, **decode})  # never an id past the tokenizer
         for e, g in zip(batch, gens):
             yield e, g, data.check(e, tok.answer(g.tokens)) if "answer" in e else None
+
+
+# ---------------------------------------------------------------------------
+# CUDA graphs: decode_step's greedy forward at fixed shapes, replayed (the engine's default on CUDA)
+
+def chosen(model, cache, inputs, n_read, mask_id, n_vocab, metric):
+    """decode_step's device part on a StaticKVCache, greedy, from one integer tensor (rows, width + 3): each row's
+    window, then its cached length, the real tokens it feeds (u) and its reads. Returns decode_step's tokens and
+    conf, (rows, n_read); beyond a row's reads both are 0. Nothing in it reads the host, so that a CUDA graph
+    captures it whole."""
+    ids, cached, u, reads = inputs[:, :-3], inputs[:, -3:-2], inputs[:, -2:-1], inputs[:, -1:]
+    cols = torch.arange(ids.shape[1], device=ids.device)
+    at = (u - 1 + cols[:n_read]).clamp(max=ids.shape[1] - 1)  # past a row's reads: any column, then zeroed
+    logits = model(ids, positions=cached + cols, cache=cache, logits_at=at)
+    tokens, conf = mars.choose(banned(logits, mask_id, n_vocab), 0.0, metric)
+    own = cols[:n_read] < reads
+    return tokens * own, conf * own
+
+
+def packed(windows, cached, u, reads, width, rows, mask_id):
+    """chosen's inputs: windows right-padded with masks to width, then rows of masks at position 0 up to rows."""
+    real = [w + [mask_id] * (width - len(w)) + [c, n, r] for w, c, n, r in zip(windows, cached, u, reads)]
+    return torch.tensor(real + [[mask_id] * width + [0, 1, 1]] * (rows - len(windows)))
+
+
+class CudaGraphs:
+    """decode_step at the GPU's speed rather than Python's (gpt-fast's recipe): a static KV cache, and `chosen` at
+    fixed shapes, each captured once in a CUDA graph and replayed. A small model's eager forward is hundreds of
+    kernel launches, each costing the host more than the GPU; a replay is one. Rows pad to a power of two, windows
+    to the next of GRAPH_WIDTHS: padding sits after the real tokens, which never attend to it, and is never read;
+    the keys attended, to a power of two above the positions fed (a graph per length, not the whole cache at every
+    step). A wider forward (a prompt's prefill) runs `chosen` eagerly at its own shape. compiled: torch.compile
+    `chosen` before capture (fused kernels; compiling takes a while, once per process). On a CPU nothing is
+    captured: the fixed shapes run eagerly (the tests check them there). choice: (mask_id, n_vocab, metric)."""
+
+    def __init__(self, model, rows, max_len, choice, compiled):
+        p = model.wte.weight
+        self.cache = StaticKVCache(model.config, 1 << (rows - 1).bit_length(), max_len, p.dtype, p.device)
+        self.weights, self.choice, self.compiled = weights(model), choice, compiled
+        self.run = torch.compile(chosen, dynamic=True) if compiled else chosen
+        self.captured, self.holder = {}, None  # (rows, width, keys) -> (inputs, graph, outputs); who borrows it
+        self.pool = None  # the graphs' memory, shared: one replays at a time, its outputs copied before the next
+
+    def chosen(self, model, inputs, n_read):
+        return self.run(model, self.cache, inputs, n_read, *self.choice)
+
+    def step(self, model, windows, cached, u, reads):
+        """decode_step's tokens and conf for the rows' windows, cached lengths, real tokens fed and reads."""
+        n, width, mask_id = len(windows), max(map(len, windows)), self.choice[0]
+        padded = next((w for w in GRAPH_WIDTHS if w >= width), None)
+        end = max(cached) + (padded or width)  # past the last position fed
+        if end > self.cache.max_len:
+            raise ValueError(f"KV cache overflow: {end} > {self.cache.max_len} slots")
+        self.cache.keys = min(max(1 << (end - 1).bit_length(), 128), self.cache.max_len)
+        if padded is None:  # a prefill: once per prompt, eagerly
+            inputs = packed(windows, cached, u, reads, width, n, mask_id).to(self.cache.k.device)
+            return self.chosen(model, inputs, max(reads))
+        host = packed(windows, cached, u, reads, padded, 1 << (n - 1).bit_length(), mask_id)
+        shape = (*host.shape, self.cache.keys)
+        if shape not in self.captured:
+            self.captured[shape] = self.capture(model, host)
+        inputs, graph, out = self.captured[shape]
+        inputs.copy_(host)
+        if graph is None:  # a CPU
+            out = self.chosen(model, inputs, padded)
+        else:
+            graph.replay()
+        return out[0][:n, :max(reads)].clone(), out[1][:n, :max(reads)].clone()  # the next replay overwrites out
+
+    def capture(self, model, host):
+        """(static inputs, graph, its outputs) for host's shape and the cache's keys: warmed up on a side stream
+        (lazy initialisations cannot happen in a capture), then captured. Its writes are those of the step it serves:
+        the same keys and values at the same slots. A CPU has no graphs: (inputs, None, None)."""
+        inputs, width = host.to(self.cache.k.device), host.shape[1] - 3
+        if inputs.device.type != "cuda":
+            return inputs, None, None
+        with torch.cuda.device(inputs.device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.chosen(model, inputs, width)
+            torch.cuda.current_stream().wait_stream(side)
+            self.pool = self.pool or torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.chosen(model, inputs, width)
+        return inputs, graph, out
+
+
+_shared = weakref.WeakKeyDictionary()  # model -> the CudaGraphs one engine at a time borrows
+
+
+def weights(model):
+    """Where the model's weights are: a graph reads them there (a model moved or cast has new ones)."""
+    return tuple(p.data_ptr() for p in model.parameters())
+
+
+def lend_graphs(engine, slots, compiled):
+    """The model's shared CudaGraphs for this engine if no live engine holds it and it fits (rows, slots, the same
+    weights and choice), else a new one, shared from then on unless another engine holds the old. Engines decode
+    one after another (generate_batch makes one per call): each would otherwise capture its shapes again. Its
+    cache has room for the widest padding, in multiples of 256 slots, so that later engines fit."""
+    model, old = engine.model, _shared.get(engine.model)
+    rows, max_len = engine.max_batch, 256 * math.ceil((slots + GRAPH_WIDTHS[-1]) / 256)
+    choice = (engine.mask_id, engine.sampling["n_vocab"], engine.sampling["metric"])
+    free = old is not None and (old.holder is None or old.holder() is None)
+    same = free and (old.weights, old.choice, old.compiled) == (weights(model), choice, compiled)
+    if same and old.cache.k.shape[1] >= rows and old.cache.max_len >= max_len:
+        graphs = old
+    else:
+        if same:  # grow: the next engine may need what the last one did
+            rows, max_len = max(rows, old.cache.k.shape[1]), max(max_len, old.cache.max_len)
+        graphs = CudaGraphs(model, rows, max_len, choice, compiled)
+        if old is None or free:
+            _shared[model] = graphs
+    graphs.holder, graphs.cache.lengths = weakref.ref(engine), []
+    return graphs

@@ -62,9 +62,11 @@ class KVCache:
         self.k, self.v = torch.cat([self.k, empty], dim=1), torch.cat([self.v, empty], dim=1)
         self.lengths = self.lengths + [0] * n
 
-    def write_plan(self, t, device):
-        """Where a forward of t new tokens writes, which keys it reads, and its attention mask: query i of row b
-        sits at slot lengths[b] + i and may attend every slot up to its own (causal over the cache)."""
+    def write_plan(self, positions):
+        """Where a forward of t new tokens (positions: (t,) or (b, t)) writes, which keys it reads, and its attention
+        mask: query i of row b sits at slot lengths[b] + i and may attend every slot up to its own (causal over the
+        cache)."""
+        t, device = positions.shape[-1], positions.device
         lo, hi = min(self.lengths), max(self.lengths)
         if hi + t > self.max_len:
             raise ValueError(f"KV cache overflow: {hi + t} > {self.max_len} slots")
@@ -89,6 +91,47 @@ class KVCache:
             self.k[layer][rows, :, slots] = k.transpose(1, 2)
             self.v[layer][rows, :, slots] = v.transpose(1, 2)
         return self.k[layer, :, :, :n_keys], self.v[layer, :, :, :n_keys]
+
+    def advance(self, t):
+        """After a forward of t tokens: every row holds them."""
+        self.lengths = [n + t for n in self.lengths]
+
+
+class StaticKVCache(KVCache):
+    """A KV cache of fixed shapes, for CUDA graphs (engine.CudaGraphs): batch_size rows allocated once, the running
+    rows first (keep_rows moves them up in place: a captured graph holds these tensors), and position p's keys and
+    values in slot p, so that a forward's writes and its mask follow from its positions on the device alone. Every
+    query attends the first `keys` slots (the caller sets it above every position it feeds), those past its own
+    masked. `lengths` is the caller's bookkeeping only."""
+
+    def __init__(self, config, batch_size, max_len, dtype, device):
+        super().__init__(config, batch_size, max_len, dtype, device)
+        self.lengths, self.keys = [], max_len  # no row runs yet
+
+    def keep_rows(self, rows):
+        moved = [(i, j) for i, j in enumerate(rows) if i != j]
+        if moved:
+            to, source = (list(x) for x in zip(*moved))
+            self.k[:, to], self.v[:, to] = self.k[:, source], self.v[:, source]
+        self.lengths = [self.lengths[i] for i in rows]
+
+    def add_rows(self, n):
+        if len(self.lengths) + n > self.k.shape[1]:
+            raise ValueError(f"static KV cache full: {len(self.lengths) + n} > {self.k.shape[1]} rows")
+        self.lengths = self.lengths + [0] * n
+
+    def write_plan(self, positions):  # positions (b, t): the rows are the first b
+        visible = torch.arange(self.keys, device=positions.device) <= positions[..., None]  # (b, t, keys)
+        return positions, self.keys, visible[:, None]
+
+    def update(self, layer, k, v, slots, n_keys):
+        b, index = k.shape[0], slots[:, None, :, None].expand_as(k)
+        self.k[layer, :b].scatter_(2, index, k)
+        self.v[layer, :b].scatter_(2, index, v)
+        return self.k[layer, :b, :, :n_keys], self.v[layer, :b, :, :n_keys]
+
+    def advance(self, t):
+        pass  # its forwards read positions, not lengths (and a graph's replay runs no Python)
 
 
 def rotary(positions, head_dim, base, dtype):
@@ -200,9 +243,10 @@ class GPT(nn.Module):
         """Logits for token ids idx (b, t).
         positions: (t,) or (b, t); default 0..t-1, or each row's cache length onwards (only differences matter).
         attn_mask: bool (t, t) or (b, t, t), True = may attend; default causal; never with a cache.
-        cache: a KVCache; this forward appends its keys and values to it.
+        cache: a KVCache (or a StaticKVCache, positions (b, t) given); this forward appends its keys and values.
         logits_at: bool (b, t): return logits (n, vocab) only where True, in the order of idx[logits_at]
-            (a loss needs few: computing them all would cost a large vocabulary's memory)."""
+            (a loss needs few: computing them all would cost a large vocabulary's memory); or long (b, r):
+            the logits (b, r, vocab) of these columns of each row."""
         b, t = idx.shape
         plan = None
         if cache is not None:
@@ -211,7 +255,7 @@ class GPT(nn.Module):
                 if max(cache.lengths) + t > self.config.max_seq_len:
                     raise ValueError(f"sequence longer than the model's context ({self.config.max_seq_len})")
                 positions = torch.tensor(cache.lengths, device=idx.device)[:, None] + torch.arange(t, device=idx.device)
-            where, n_keys, attn_mask = cache.write_plan(t, idx.device)
+            where, n_keys, attn_mask = cache.write_plan(positions)
             plan = (where, n_keys)
         elif positions is None:
             if t > self.config.max_seq_len:
@@ -224,8 +268,10 @@ class GPT(nn.Module):
         for index, layer in enumerate(self.blocks):
             x = layer(x, rope, attn_mask, cache, index, plan)
         if cache is not None:
-            cache.lengths = [n + t for n in cache.lengths]
+            cache.advance(t)
         x = self.norm_f(x)
-        if logits_at is not None:
+        if logits_at is not None and logits_at.dtype == torch.bool:
             x = x[logits_at]
+        elif logits_at is not None:  # columns: fixed shapes, no host sync (a CUDA graph captures it)
+            x = x.gather(1, logits_at[..., None].expand(-1, -1, x.shape[-1]))
         return self.lm_head(x)

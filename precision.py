@@ -74,15 +74,24 @@ def without_bf16(gpu):
             "need loss scaling, which this project does not do"}
 
 
+def with_bf16(gpu):
+    """The precision record of a GPU with native bf16: bf16 autocast, not probed. There it is the known answer (its
+    tensor cores run bf16 at twice tf32's rate), and a probe's short runs time kernel launches and whatever else the
+    GPU runs rather than the precisions: runs started together on one GPU chose differently (docs/gpu.md)."""
+    return {"dtype": "bfloat16", "device": gpu, "reason": f"{gpu} has native bf16 (not probed: on a GPU with native "
+            "bf16 it is the known answer, and a probe there times launches and other processes)"}
+
+
 def choose_dtype(args, model, world, say):
-    """--dtype auto: predicts both precisions' time for a forward and backward of the model on a step's tokens
-    (probe, on one CPU thread) and trains in bf16 autocast only where it is clearly faster; a GPU without native bf16 trains
-    in float32 unprobed (without_bf16). Sets args.dtype and args.precision (the checkpoint's train_config and the
-    stage log record both) and says why."""
-    # emulation counts as support by default: a T4 runs bf16, but emulated and slower than float32
-    if args.device.startswith("cuda") and not torch.cuda.is_bf16_supported(including_emulation=False):
-        args.dtype, args.precision = "float32", without_bf16(torch.cuda.get_device_name(args.device))
-        return say(f"precision: float32: {args.precision['reason']} (--dtype forces either)")
+    """--dtype auto: on a CPU, predicts both precisions' time for a forward and backward of the model on a step's
+    tokens (probe, on one thread) and trains in bf16 autocast only where it is clearly faster; a GPU trains in bf16
+    autocast where it has native bf16 (with_bf16), else in float32 (without_bf16), unprobed. Sets args.dtype and
+    args.precision (the checkpoint's train_config and the stage log record both) and says why."""
+    if args.device.startswith("cuda"):  # emulation counts as support by default: a T4 emulates bf16, slower
+        native, gpu = torch.cuda.is_bf16_supported(including_emulation=False), torch.cuda.get_device_name(args.device)
+        args.precision = with_bf16(gpu) if native else without_bf16(gpu)
+        args.dtype = args.precision["dtype"]
+        return say(f"precision: {args.dtype}: {args.precision['reason']} (--dtype forces either)")
     tokens = (args.micro_batch or args.batch_size // world) * args.max_seq_len
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the precisions differ per core; a second thread may wait on a core others hold

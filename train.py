@@ -369,6 +369,14 @@ def work_after(name, names, args, splits):
     return steps + prompts / args.batch_size
 
 
+def out_of_memory(stage):
+    """What running out of memory in a stage says: the flag that fixes it."""
+    a = stage.args
+    return (f"out of memory on {a.device} in stage {stage.name}, with micro-batches of {stage.micro} rows of up to "
+            f"{a.max_seq_len} tokens: lower --micro_batch (the batch of {a.batch_size} rows stays, accumulated over "
+            "more micro-batches); memory other processes hold on the device counts too")
+
+
 def main(argv=None):
     args, t0 = get_args(argv), time.time()
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
@@ -391,7 +399,11 @@ def main(argv=None):
         if args.dtype == "auto":  # measured once, on the first stage's model and batch shape
             from precision import choose_dtype  # the probe, off the method's path
             choose_dtype(args, model, world, say)
-        train(Stage(name, model, tok, splits, args, (rank, world), state, hf), work_after(name, names, args, splits))
+        stage = Stage(name, model, tok, splits, args, (rank, world), state, hf)
+        try:
+            train(stage, work_after(name, names, args, splits))
+        except torch.OutOfMemoryError:  # one line naming the knob, not the allocator's traceback
+            raise UserError(out_of_memory(stage)) from None
         if world > 1:  # the next stage reads the checkpoint rank 0 has just written
             dist.barrier()
     if rank == 0 and args.stage == "all" and names:

@@ -8,6 +8,7 @@ import json
 import math
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +16,9 @@ import torch
 import checkpoint
 import config
 import model
-from conftest import tiny_config
+import precision
+import train
+from conftest import assert_one_line_error, run_cli, tiny_config
 from extras.bench import gpu_check
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -24,6 +27,7 @@ TOOLS = {  # every command line that loads a model: the flags it needs besides -
     "extras.bench.gpu_check": [], "extras.real.eval": ["--ckpt", "m.pt", "--heldout", "h.jsonl"],
     "extras.real.distill": ["--out", "d.jsonl", "--heldout", "h.jsonl", "--val", "v.jsonl"],
     "extras.real.search": ["--data", "d.jsonl", "--val", "v.jsonl", "--out", "s.json"],
+    "extras.real.self_prompts": ["--out", "p.jsonl"], "extras.real.recipe": [],
 }
 
 
@@ -57,30 +61,84 @@ def test_a_device_the_machine_lacks_is_a_user_error(module, tmp_path, monkeypatc
 
 
 def test_gpu_check_on_the_cpu_writes_every_field(tmp_path):
-    """The tiny preset, three steps a stage: each phase's command, precision, speed and decoding, the CPU's
-    missing memory figure said so, and the estimate beside them."""
+    """The tiny preset end to end but for the full run (the next test): a short run, the decoding grid (eager and
+    at the fixed shapes a GPU captures), the CPU's missing memory and utilization said so, and the estimate beside
+    them."""
     out = tmp_path / "gpu_check.json"
-    argv = ["--device", "cpu", "--preset", "tiny", "--skip_real", "--steps", "3", "--n_train", "1000", "--out",
-            str(out)]
+    argv = ["--device", "cpu", "--preset", "tiny", "--skip_real", "--skip_full", "--steps", "3", "--n_train", "1000",
+            "--toy_batches", "16", "--batches", "2", "--graphs", "off", "captured", "--out", str(out)]
     gpu_check.main(argv)
     r = json.loads(out.read_text())
     assert r["command"] == "python -m extras.bench.gpu_check " + " ".join(argv)
-    assert (r["device"], r["device_name"], r["torch"]) == ("cpu", "CPU", torch.__version__)
-    assert [p["phase"] for p in r["phases"]] == ["toy ar", "toy mars"] and "null on a CPU" in r["peak_memory_note"]
-    for p, stage, B in zip(r["phases"], ("ar", "mars"), (1, 4)):
-        assert p["command"].startswith(f"python train.py --stage {stage} ") and "--preset tiny" in p["command"]
-        assert p["precision"] == {"dtype": "float32", "reason": "the tiny preset's"}
-        assert p["steps"] == 3 and p["batch_size"] == 16 and p["peak_memory_gib"] is None
-        assert p["seconds"] > p["loop_seconds"] > 0 and p["steps_per_s"] == pytest.approx(3 / p["loop_seconds"], 1e-2)
-        assert p["tokens_per_s"] > 16 * p["steps_per_s"]  # at least a token a row
-        d = p["decode"]
-        assert (d["prompts"], d["B"], d["tau"]) == (8, B, None if B == 1 else 0.9) and d["tokens_per_s"] > 0
-        assert d["tokens_per_forward"] == 1.0 if B == 1 else d["tokens_per_forward"] >= 1.0
+    assert (r["device"], r["device_name"], r["torch"]) == ("cpu", "CPU", torch.__version__) and r["cpu_note"]
+    [run] = r["training"]  # no compiled run on a CPU
+    assert run["run"] == "toy, 3 steps a stage, batch 16"
+    assert run["command"].startswith("python train.py --preset tiny ")
+    assert "--batch_size 16" in run["command"] and "--compile" not in run["command"]
+    assert run["precision"] == {"dtype": "float32", "reason": "the tiny preset's"}
+    assert run["peak_memory_gib"] is None and run["seconds"] > 0
+    for s, stage in zip(run["stages"], ("ar", "mars")):
+        assert (s["stage"], s["steps"], s["batch_size"], s["utilization"]) == (stage, 3, 16, None)
+        assert s["tokens_per_s"] > 16 * s["steady_steps_per_s"] > 0 and s["tflops"] > 0  # a token a row at least
+    [grid] = r["decoding"]
+    assert (grid["model"], grid["trained"], grid["B"], grid["tau"]) == ("toy", False, 4, 0.9)
+    assert [(row["graphs"], row["batch"], row["prompts"]) for row in grid["rows"]] == [("off", 2, 8),
+                                                                                       ("captured", 2, 8)]
+    for row in grid["rows"]:  # (that both modes decode the same tokens: tests/test_graphs.py, in float64)
+        assert row["ar"]["tokens_per_forward"] == 1.0 and row["ar"]["tokens"] >= 8  # a token a prompt at least
+        for cache in ("sliding", "block"):
+            d = row[cache]
+            assert d["speedup"] == pytest.approx(d["tokens_per_s"] / row["ar"]["tokens_per_s"], rel=1e-2)  # 3 digits
+            assert d["tokens"] >= 8 and d["tokens_per_forward"] > 0 and d["first_pass_s"] > 0
     [toy] = r["estimate"]["recipes"]  # --skip_real: the toy's full recipe alone
     assert toy["name"] == "toy, gpu preset" and [s["steps"] for s in toy["stages"]] == [6000, 6000]
     tokens = sum(6000 * s["tokens_per_step"] for s in toy["stages"])
     assert toy["flops"] == pytest.approx(6 * toy["parameters"] * tokens, rel=1e-3)
     assert r["estimate"]["what"] == "an estimate from FLOPs, not a measurement"
+    assert r["estimate"]["measured_utilization"] == {f"{run['run']}, ar": None, f"{run['run']}, mars": None}
+
+
+def test_the_full_runs_quality_is_its_summary_and_tau_095_against_the_goals(tiny_run):
+    """What gpu_check adds to a full run (here the tiny preset's, both stages and the summary): MARS at tau 0.95 on
+    the summary's prompts, and the goals read from the table."""
+    q = gpu_check.quality(str(tiny_run), "cpu")
+    ar, tau_1, _, tau_95 = q["summary"]
+    assert [r["model"] for r in q["summary"]] == ["stage 1 (AR SFT)", "MARS tau=1.0", "MARS tau=0.9", "MARS tau=0.95"]
+    assert tau_95["n"] == tau_1["n"] == 40 and tau_95["tokens_per_forward"] >= 1.0
+    assert q["goals"] == {"AR SFT accuracy >= 96%": ar["accuracy"] >= 0.96,
+                          "tau 0.95: >= 3.0 tokens per forward": tau_95["tokens_per_forward"] >= 3.0,
+                          "tau 0.95: within 1 point of tau 1.0": tau_95["accuracy"] >= tau_1["accuracy"] - 0.01}
+
+
+def test_a_runs_utilization_is_its_flops_over_its_gpus_peak():
+    assert gpu_check.peak_tflops("NVIDIA H200", "bfloat16") == 989
+    assert gpu_check.peak_tflops("Tesla T4", "float32") == 8.1 and gpu_check.peak_tflops("Tesla T4", "bfloat16") is None
+    assert gpu_check.peak_tflops("CPU", "float32") is None
+
+
+def test_a_gpu_with_native_bf16_trains_in_bf16_unprobed(monkeypatch):
+    """There bf16 autocast is the known answer, and a probe times launches and other processes. The log and the
+    record say so and name the GPU."""
+    said = []
+    monkeypatch.setattr(precision.torch.cuda, "is_bf16_supported", lambda **kw: kw == {"including_emulation": False})
+    monkeypatch.setattr(precision.torch.cuda, "get_device_name", lambda device=None: f"NVIDIA H200 ({device})")
+    monkeypatch.setattr(precision, "probe", lambda *a, **k: pytest.fail("a GPU with native bf16 was probed"))
+    args = SimpleNamespace(device="cuda:1", dtype="auto", precision=None)
+    precision.choose_dtype(args, None, 1, said.append)
+    assert args.dtype == "bfloat16" and args.precision == precision.with_bf16("NVIDIA H200 (cuda:1)")
+    assert args.precision["device"] == "NVIDIA H200 (cuda:1)" and "not probed" in args.precision["reason"]
+    assert said == [f"precision: bfloat16: {args.precision['reason']} (--dtype forces either)"]
+
+
+def test_out_of_memory_is_one_line_naming_micro_batch(tmp_path, monkeypatch):
+    """Not the allocator's traceback: the flag that fixes it, and what the batch becomes."""
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.16 GiB.")
+    monkeypatch.setattr(train.Stage, "loss", out_of_memory)
+    proc = run_cli(["train.py", "--preset", "tiny", "--stage", "ar", "--out_dir", tmp_path, "--device", "cpu"])
+    assert_one_line_error(proc)
+    assert ("error: out of memory on cpu in stage ar, with micro-batches of 16 rows of up to 64 tokens: lower "
+            "--micro_batch (the batch of 16 rows stays") in proc.stderr
 
 
 def test_the_estimate_is_6_n_per_token_over_an_assumed_throughput():
@@ -113,14 +171,18 @@ def smollm2_installed():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine: gpu_check runs on one where "
                                                           "there is (python -m extras.bench.gpu_check)")
 def test_gpu_check_on_cuda(tmp_path):
-    """The gpu preset and, where installed, SmolLM2, ten steps each on the GPU: its name, memory and precision."""
+    """The gpu preset (its short run, and compiled) and, where installed, SmolLM2, ten steps each on the GPU, then
+    decoding at batch 1 and 4, eager and captured: its name, memory and precision."""
     out = tmp_path / "gpu_check.json"
-    gpu_check.main(["--device", "cuda", "--steps", "10", "--n_train", "2000", "--out", str(out)]
+    gpu_check.main(["--device", "cuda", "--steps", "10", "--n_train", "2000", "--skip_full", "--toy_batches", "128",
+                    "--batches", "1", "4", "--graphs", "off", "captured", "--out", str(out)]
                    + ([] if smollm2_installed() else ["--skip_real"]))
     r = json.loads(out.read_text())
     assert r["device_name"] == torch.cuda.get_device_name("cuda")
-    assert len(r["phases"]) == (3 if smollm2_installed() else 2)
+    assert [run["run"].split(",")[0] for run in r["training"]] == ["toy"] * 2 + ["smollm2 mars"] * smollm2_installed()
     native = torch.cuda.is_bf16_supported(including_emulation=False)
-    for p in r["phases"]:
-        assert p["peak_memory_gib"] > 0 and p["steps"] == 10 and p["decode"]["tokens_per_forward"] >= 1
-        assert p["precision"]["dtype"] in (("float32", "bfloat16") if native else ("float32",))
+    for run in r["training"]:
+        assert run["peak_memory_gib"] > 0 and all(s["steps"] == 10 for s in run["stages"])
+        assert run["precision"]["dtype"] == ("bfloat16" if native else "float32")
+    for grid in r["decoding"]:
+        assert {row["graphs"] for row in grid["rows"]} == {"off", "captured"}  # compiled: tests/test_graphs.py
