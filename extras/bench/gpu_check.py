@@ -168,7 +168,7 @@ def quality(out_dir, device):
     cfg = ckpt["train_config"]
     test = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["test"][:cfg["summary_limit"]]
     table.append({"model": "MARS tau=0.95", "threshold": 0.95,
-                  **train.score(*model_from_checkpoint(ckpt, device), test, B=ckpt["mars"]["B"], tau=0.95)})
+                  **train.evaluate(*model_from_checkpoint(ckpt, device), test, B=ckpt["mars"]["B"], tau=0.95)})
     ar, tau_1, tau_95 = table[0], table[1], table[-1]
     goals = {"AR SFT accuracy >= 96%": ar["accuracy"] >= GOALS["ar_accuracy"],
              "tau 0.95: >= 3.0 tokens per forward": tau_95["tokens_per_forward"] >= GOALS["tokens_per_forward"],

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from checkpoint import UserError
+from checkpoint import UserError, check_device
 from config import Parser, add_device, run_cli
 
 # Rows of 512 tokens at most. SmolLM2 answers its own requests at length: at a budget of 128 tokens, 296 of 400
@@ -125,6 +125,7 @@ def get_args(argv=None):
 
 def main(argv=None):
     args = get_args(argv)
+    check_device(args.device)  # before any phase: each would refuse it after minutes of the others
     os.makedirs(args.out_dir, exist_ok=True)
     try:
         run(args)
