@@ -158,6 +158,14 @@ def write_jsonl(path, records):
     os.replace(path + ".tmp", path)
 
 
+def write_json(path, record):
+    """Atomically, as write_jsonl."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, ensure_ascii=False)
+    os.replace(path + ".tmp", path)
+
+
 def read_partial(path, prompts):
     """{prompt index: record} of the answers an interrupted run left in path; UserError if they belong to
     another prompt set."""
@@ -329,9 +337,7 @@ def main(argv=None):
     os.remove(args.out + ".partial")
     if args.stats:
         stats = statistics(command, sets, records, tok, args, time.time() - t0)
-        os.makedirs(os.path.dirname(os.path.abspath(args.stats)), exist_ok=True)
-        with open(args.stats, "w") as f:
-            json.dump(stats, f, indent=1)
+        write_json(args.stats, stats)
         print(f"{args.stats}: {json.dumps(stats['train'])}")
 
 

@@ -23,6 +23,7 @@ import torch
 from checkpoint import UserError, load_checkpoint, model_from_checkpoint
 from config import Parser, add_device, run_cli
 from extras.bench.eval import machine
+from extras.real.distill import write_json, write_jsonl
 
 PREFIX_WORDS = 10  # two requests that open with the same ten words are one request reworded at its end
 MAX_WORDS = 60  # a request longer than this is a passage, not a user's message
@@ -162,16 +163,8 @@ def self_prompts(model, tok, n, path, args, say=print):
     raise UserError(f"only {len(kept)} requests kept of {n} asked for after {read} samples: is this a chat model?")
 
 
-def write_jsonl(path, records):
-    """Atomically: a temp file, then a rename."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    os.replace(path + ".tmp", path)
-
-
 def add_sampling_flags(p):
-    """The flags of the requests' sampling (shared with extras.real.distill and extras.real.recipe)."""
+    """The flags of the requests' sampling."""
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the requests (default 1.0)")
     p.add_argument("--top_p", type=float, default=0.95, help="nucleus sampling: the smallest set of tokens whose "
                    "probability reaches this (default 0.95)")
@@ -230,9 +223,7 @@ def main(argv=None):
     print(f"{args.out}: {len(kept)} requests kept of {counts['read']} read; dropped: {counts['dropped']}")
     if args.stats:
         stats = statistics(command, kept, counts, args, time.time() - t0)
-        os.makedirs(os.path.dirname(os.path.abspath(args.stats)), exist_ok=True)
-        with open(args.stats, "w") as f:
-            json.dump(stats, f, indent=1)
+        write_json(args.stats, stats)
         print(f"{args.stats}: distinct share {stats['distinct_share']}")
 
 
