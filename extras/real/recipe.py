@@ -59,8 +59,7 @@ def phases(args, c):
              str(c["batch_size"]), "--micro_batch", str(c["micro_batch"]), "--mars_iters", str(c["steps"]),
              "--eval_every", str(every), "--save_every", str(every), "--summary_limit", "0", *LEVERS, *dev]
     evaluate = [*py, "-m", "extras.real.eval", "--base", args.base, "--ckpt", mars, "--control", control,
-                "--max_new_tokens", str(c["max_new_tokens"]), "--n", str(c["eval_n"]), "--thresholds", "1.0", "0.95",
-                "0.9", *dev]
+                "--max_new_tokens", str(c["max_new_tokens"]), "--thresholds", "1.0", "0.95", "0.9", *dev]
     kept = sorted(glob.glob(at("mars", "mars_step*.pt")))  # kept by extras.real.snapshots; eval sorts by step
     steps = [("self_prompts", [*py, "-m", "extras.real.self_prompts", "--ckpt", args.base, "--n", str(c["n_self"]),
                                "--batch", str(c["sample_batch"]), "--max_tokens", "64", "--out", requests,
@@ -73,10 +72,10 @@ def phases(args, c):
              ("mars", [*py, "-m", "extras.real.snapshots", mars, "--", *train, "--stage", "mars", "--out_dir",
                        at("mars"), "--resume"], mars),
              ("control", [*train, "--stage", "control", "--out_dir", at("control"), "--resume"], control),
-             ("eval", [*evaluate, "--heldout", at("heldout.jsonl"), *(["--trend", *kept] if kept else []), "--out",
-                       at("real.json")], at("real.json")),
+             ("eval", [*evaluate, "--heldout", at("heldout.jsonl"), "--n", str(c["eval_n"]),
+                       *(["--trend", *kept] if kept else []), "--out", at("real.json")], at("real.json")),
              ("eval", [*evaluate, "--heldout", at("heldout_self.jsonl"), "--wall_n1", "0", "--wall_n8", "0",
-                       "--out", at("real_self.json")], at("real_self.json"))]
+                       "--out", at("real_self.json")], at("real_self.json"))]  # all of them
     return steps[1:] if args.self_prompts else steps
 
 
