@@ -171,22 +171,20 @@ class BlockCache:
 
 
 class Engine:
-    """Continuous batching: requests wait, are admitted before a forward (up to max_batch; a new prompt is
-    prefilled in the same forward as the others' steps) and leave after the forward that finishes them. A request
-    commits exactly what it would alone (its window, reads and acceptance are its own) unless masks="auto"."""
+    """Continuous batching: requests wait, are admitted before a forward (up to max_batch; a new prompt is prefilled
+    in the forward of the others' steps) and leave after the one that finishes them, committing what they would alone
+    (their windows, reads and acceptance are their own) unless masks="auto"."""
 
     def __init__(self, model, eot_id, mask_id, B, max_batch, max_new_tokens=64, *, cache="sliding",
                  B_cache=16, cache_len=None, max_context=None, n_vocab=None, metric="prob", temperature=0.0,
                  max_accept=None, trace=None, masks="fixed", step_cost=None, graphs=None):
         if cache not in CACHE_MODES or masks not in MASK_MODES or graphs not in (None, *GRAPH_MODES):
-            raise ValueError(f"cache must be one of {CACHE_MODES}, masks one of {MASK_MODES}, graphs one of "
-                             f"{GRAPH_MODES}")
+            raise ValueError(f"cache: one of {CACHE_MODES}, masks: one of {MASK_MODES}, graphs: one of {GRAPH_MODES}")
         self.model, self.eot_id, self.mask_id, self.B = model, eot_id, mask_id, B
         self.max_batch, self.max_new_tokens, self.max_accept, self.trace = max_batch, max_new_tokens, max_accept, trace
         self.sampling = dict(temperature=temperature, metric=metric, n_vocab=n_vocab)
-        # masks="auto" (beyond the paper) writes at every forward: attention is causal, so a committed token's K/V
-        # will not change before its span's end, and keeping it out of the cache only feeds it again. Its spans
-        # then last one forward: the block cache under auto is the sliding cache.
+        # masks="auto" (beyond the paper) writes at every forward: a committed token's K/V will not change (causal
+        # attention), and keeping it out only feeds it again; so under auto the block cache is the sliding cache.
         self.block_cache = BlockCache(B_cache) if cache == "block" and masks == "fixed" else None
         # prompt + answer: the model's context, or less (a 32k context would size a 32k cache per row)
         self.max_seq = min(model.config.max_seq_len, max_context or model.config.max_seq_len)

@@ -67,8 +67,7 @@ class Tokenizer:
                                out); the first n_prompt ids are the prompt, the rest is what training scores
       eot                      the chat's end of turn (<|endoftext|>, <|im_end|>, <|eot_id|>)
       mask                     <|mask|>;  n_vocab: ids 0..n_vocab-1 have a token
-      state() / from_state()   plain types, for checkpoints ("pattern" and "tokens" are enough for the
-                               toy's: the rest defaults to its chat and special tokens)
+      state() / from_state()   plain types, for checkpoints (the toy's: "pattern" and "tokens" are enough)
     `prompt` is a string (one user turn) or a list of {"role", "content"} messages ending with a user turn.
     Only the chat's own special tokens are special: message text is rendered with MARK inside every special
     token's name, then encoded as plain text without it."""
