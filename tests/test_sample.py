@@ -290,9 +290,9 @@ class CacheHighWater:
     def __init__(self, monkeypatch):
         self.needs, plan = [], model_lib.KVCache.write_plan
 
-        def spy(kv, t, device):
-            self.needs.append((max(kv.lengths) + t, kv.max_len))
-            return plan(kv, t, device)
+        def spy(kv, positions):
+            self.needs.append((max(kv.lengths) + positions.shape[-1], kv.max_len))
+            return plan(kv, positions)
         monkeypatch.setattr(model_lib.KVCache, "write_plan", spy)
 
 
