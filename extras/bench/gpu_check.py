@@ -8,8 +8,8 @@ the measured one.
     python -m extras.bench.gpu_check                       # on a GPU: everything -> docs/gpu_check.json
     python -m extras.bench.gpu_check --real_ckpt out/smollm/mars.pt   # SmolLM2 decoding a trained MARS checkpoint
     python -m extras.bench.gpu_check --estimate_only       # the estimate alone, on any machine
-    python -m extras.bench.gpu_check --device cpu --preset tiny --skip_real --steps 3 --n_train 1000 \\
-        --toy_batches 16 --batches 1 2 --graphs off captured     # a minute on a CPU (the test)
+    python -m extras.bench.gpu_check --device cpu --preset tiny --skip_real --skip_full --steps 3 \\
+        --n_train 1000 --toy_batches 16 --batches 2 --graphs off captured     # on a CPU (the test)
 
 Every run is a train.py command, run in this process; the JSON records each command, the precision train.py
 chose, its stages' steps/s (overall, and over the second half: after compilation and warm-up), tokens/s, achieved
@@ -90,6 +90,8 @@ def get_args(argv=None):
     args = p.parse_args(argv)
     if min(args.steps, args.n_train, *args.batches, *(args.toy_batches or [1])) < 1:
         p.error("--steps, --n_train, --batches and --toy_batches must be at least 1")
+    if args.real_ckpt and not os.path.exists(args.real_ckpt):  # before an hour of runs, not after
+        p.error(f"--real_ckpt {args.real_ckpt} does not exist")
     cuda = args.device.startswith("cuda")
     args.graphs = args.graphs or (list(engine.GRAPH_MODES) if cuda else ["off"])
     args.toy_batches = args.toy_batches or [config.PRESETS[args.preset]["batch_size"] * k for k in (1, 4)]
