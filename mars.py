@@ -144,6 +144,13 @@ class Beyond:
     soft: object = None  # (n, vocab), in the order of [y | clean_y] != -1: --targets soft (extras/real/teacher.py)
 
 
+def end_padding(y, eot_id):
+    """Where y's targets come after each sequence's first end of turn: the padding to B's multiple, which
+    train.py --clean_padding drop leaves out of the clean stream and --targets soft keeps one-hot."""
+    eot = y == eot_id
+    return eot & (eot.cumsum(1) > 1)
+
+
 METRICS = ("prob", "entropy", "margin")
 
 

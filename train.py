@@ -117,8 +117,7 @@ class Stage:
         multiple (the targets after a sequence's first end of turn)."""
         if self.name == "ar" or self.args.clean_padding == "keep":
             return y
-        eot = y == self.tok.eot
-        return y.masked_fill(eot & (eot.cumsum(1) > 1), -1)
+        return y.masked_fill(mars.end_padding(y, self.tok.eot), -1)
 
     @torch.no_grad()
     def val_losses(self):

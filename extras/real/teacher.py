@@ -14,6 +14,8 @@ import copy
 import torch
 import torch.nn.functional as F
 
+import mars
+
 
 class Teacher:
     """The frozen base model (a copy of `model` as it is now) and the soft targets it gives."""
@@ -29,8 +31,7 @@ class Teacher:
         logits = self.model(x, logits_at=y != -1).float()[:, :self.tok.n_vocab]
         logits[:, self.tok.mask] = float("-inf")  # a placeholder is never a target
         probs = logits.softmax(-1)
-        eot = y == self.tok.eot
-        padding = (eot & (eot.cumsum(1) > 1))[y != -1]  # after the first end of turn
+        padding = mars.end_padding(y, self.tok.eot)[y != -1]
         probs[padding] = F.one_hot(torch.tensor(self.tok.eot), probs.shape[1]).to(probs)
         row = ((y != -1).flatten().cumsum(0) - 1).view_as(y)  # each response position's row of probs
         index = torch.cat([row, row], 1)[torch.cat([y, clean_y], 1) != -1] if noisy else row[clean_y != -1]
