@@ -40,7 +40,7 @@ def names_foreign(path):
     return maybe and foreign().names_model(path)
 
 
-def from_hf(path):
+def starts_from_hf(path):
     """Whether a run starts from a real model: one named by path (names_foreign), or our checkpoint trained from
     one (it carries "hf"; read with mmap, so its tensors stay on disk). A missing or unreadable .pt file is
     reported when the stage loads it."""

@@ -1,5 +1,5 @@
 """The command lines: what all of them share (one-line errors, --device, tau), then train.py's presets and flags
-and the precision context it trains in (--dtype auto measures which is faster: precision.py).
+and the precision context it trains in (--precision auto measures which is faster: precision.py).
 
     python train.py                       # both stages with the default preset, then a held-out summary
     python train.py --preset tiny         # seconds, for tests
@@ -16,11 +16,14 @@ import contextlib
 import math
 import os
 import sys
+import textwrap
+from types import SimpleNamespace
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from checkpoint import UserError, check_device, from_hf
+import data
+from checkpoint import UserError, check_device, starts_from_hf
 
 
 def run_cli(main):
@@ -74,33 +77,33 @@ def add_device(parser):
 # ---------------------------------------------------------------------------
 # train.py's presets and flags
 
-# One source of truth for every number: flags override single entries.
-# dtype: the autocast precision; a preset without one measures which is faster on the device (choose_dtype).
-TOY = dict(warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
+# One source of truth for every number: every preset takes COMMON, and a flag overrides a single entry.
+# precision: of the autocast a training forward runs in; "auto" (derive) measures which is faster on the device.
+COMMON = dict(B=4, buckets=16, grad_clip=1.0, seed=0, precision="auto", micro_batch=None, epochs=None)
+TOY = dict(COMMON, warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
 PRESETS = {
-    "tiny": dict(n_layer=2, n_head=2, n_embd=64, max_seq_len=64, vocab_size=512, n_train=4000, summary_limit=40,
+    "tiny": dict(TOY, n_layer=2, n_head=2, n_embd=64, max_seq_len=64, vocab_size=512, n_train=4000, summary_limit=40,
                  batch_size=16, ar_iters=60, mars_iters=60, lr=3e-3, mars_lr=3e-3, eval_every=30, save_every=30,
-                 dtype="float32", **TOY),  # float32: the same losses on every machine
+                 precision="float32"),  # float32: the same losses on every machine
     # cpu: 5,000 stage-1 steps, chosen on validation (docs/recipe_search_cpu.json)
-    "cpu": dict(n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048, n_train=40000, summary_limit=None,
-                batch_size=32, ar_iters=5000, mars_iters=2400, lr=2e-3, mars_lr=2e-3, eval_every=200, save_every=200,
-                **TOY),
-    "gpu": dict(n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000, summary_limit=None,
-                batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3, eval_every=500, save_every=500,
-                **TOY),
+    "cpu": dict(TOY, n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048, n_train=40000,
+                summary_limit=None, batch_size=32, ar_iters=5000, mars_iters=2400, lr=2e-3, mars_lr=2e-3,
+                eval_every=200, save_every=200),
+    "gpu": dict(TOY, n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000,
+                summary_limit=None, batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3,
+                eval_every=500, save_every=500),
     # hf: the paper's recipe for a real instruct model (the default when --init_from is one; its shape comes from
     # its config.json): lr 5e-6 in both stages, linear warmup 3% then cosine to zero, AdamW with weight decay 0
     # and transformers' default betas (0.9, 0.999), rows of at most 512 tokens, bf16 autocast where the device
-    # runs it faster (choose_dtype), 5 epochs per stage (the steps follow from the data), effective batch 384
+    # runs it faster (precision auto), 5 epochs per stage (the steps follow from the data), effective batch 384
     # (the authors': 48 per GPU x 8 GPUs; here 4 per forward, the rest accumulated: 96 forwards per step on one GPU).
     # batch_size and lr are the paper's, the reference hf_schedule scales from: on a few thousand rows, 384 a step
     # leaves a few dozen steps, which train almost nothing, so unless the flags say otherwise the batch follows
     # the data (rows // 50, within [16, 384]: at least ~50 steps an epoch), the steps have a floor of 200, and
     # the lr is 5e-6 x sqrt(batch / 384): square-root scaling, the usual rule for Adam (a batch k times smaller
     # has gradients sqrt(k) times noisier, and the lr falls with them).
-    "hf": dict(max_seq_len=512, batch_size=384, micro_batch=4, epochs=5, lr=5e-6, mars_lr=5e-6, warmup=0.03,
-               weight_decay=0.0, betas=[0.9, 0.999], eval_every=500, save_every=500,
-               summary_limit=200),
+    "hf": dict(COMMON, max_seq_len=512, batch_size=384, micro_batch=4, epochs=5, lr=5e-6, mars_lr=5e-6, warmup=0.03,
+               weight_decay=0.0, betas=[0.9, 0.999], eval_every=500, save_every=500, summary_limit=200),
 }
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
 OVERRIDES = [("n_layer", int, "layers"), ("n_head", int, "attention heads"), ("n_embd", int, "model width"),
@@ -113,10 +116,26 @@ OVERRIDES = [("n_layer", int, "layers"), ("n_head", int, "attention heads"), ("n
              ("mars_lr", float, "peak learning rate of stage 2 and the control"),
              ("warmup", float, "warmup, a fraction of the stage's steps"), ("weight_decay", float, "on matrices"),
              ("eval_every", int, "steps between validation losses"), ("save_every", int, "steps between checkpoints"),
-             ("summary_limit", int, "validation and test prompts decoded at the end (default all)")]
+             ("summary_limit", int, "validation and test prompts decoded at the end (default all)"),
+             ("seed", int, "seed for data, initialisation and batch order (default 0)"),
+             ("buckets", int, "length buckets; a batch comes from one, so it has little padding (default 16; 1: "
+                              "uniform batches)"),
+             ("grad_clip", float, "clip the gradient norm to this (default 1.0)")]
+
+
+class Config(SimpleNamespace):
+    """The run's settings, resolved once (resolve, then derive) and read-only after: what a run prints at its
+    start and saves in every checkpoint (train_config)."""
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"the config is read-only once resolved ({name}): derive a new one with replace")
+
+    def replace(self, **changes):
+        return Config(**{**vars(self), **changes})
 
 
 def get_args(argv=None):
+    """The command line, resolved (resolve) into a Config."""
     p = Parser(__doc__)
     p.add_argument("--preset", choices=PRESETS, help="tiny (seconds), cpu, gpu, or hf (the paper's recipe "
                    "for a real model, the default when --init_from is one or was trained from one)")
@@ -128,14 +147,10 @@ def get_args(argv=None):
     p.add_argument("--data", help="your own instruction data: JSONL of {prompt, response} or {messages}")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from its --out_dir")
     add_device(p)
-    p.add_argument("--seed", type=int, default=0, help="seed for data, initialisation and batch order")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help="autocast precision of training; auto "
-                   "(the default, unless the preset sets one) times both on the model's shapes at start and takes "
-                   "bf16 where it is clearly faster; weights, optimizer and decoding stay float32")
-    p.add_argument("--buckets", type=int, default=16, help="length buckets; a batch comes from one, so it has "
-                                                           "little padding (default 16; 1: uniform batches)")
-    p.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (default 1.0)")
+    p.add_argument("--precision", choices=["auto", "float32", "bfloat16"], help="autocast precision of training; "
+                   "auto (the default, unless the preset sets one) times both on the model's shapes at start and "
+                   "takes bf16 where it is clearly faster; weights, optimizer and decoding stay float32")
     add_stage2_flags(p.add_argument_group("MARS (stage 2)"))
     g = p.add_argument_group("preset overrides (default: the preset's value)")
     for name, kind, text in OVERRIDES:
@@ -145,8 +160,8 @@ def get_args(argv=None):
 
 def add_stage2_flags(g):
     """Stage 2's flags: B, the loss, the ablations and the options beyond the paper (stage2_flags records them)."""
-    g.add_argument("--B", type=int, default=4, help="the paper's block size B: the noisy stream's blocks, positions "
-                   "predicted together (default 4)")
+    g.add_argument("--B", type=int, help="the paper's block size B: the noisy stream's blocks, positions predicted "
+                                         "together (default 4)")
     g.add_argument("--ar_weight", type=float, help="alpha, weight of the clean-stream (AR) loss (default 1.0; 0 is "
                                                    "not the paper's 'w/o SFT loss' ablation: that is --no_sft)")
     g.add_argument("--no_sft", action="store_true", help="the paper's 'w/o SFT loss' ablation: no clean-stream loss, "
@@ -165,39 +180,78 @@ def add_stage2_flags(g):
 
 
 def resolve(p, args):
-    """Fills what the flags left open from the preset; refuses what cannot run."""
+    """The Config of a command line: the preset's numbers where no flag gives one; refuses what cannot run."""
     stage2 = args.stage in ("mars", "control")  # they start from --init_from, by default <out_dir>/ar.pt
-    args.from_hf = from_hf(args.init_from or (os.path.join(args.out_dir, "ar.pt") if stage2 else None))
+    from_hf = starts_from_hf(args.init_from or (os.path.join(args.out_dir, "ar.pt") if stage2 else None))
     check_device(args.device)
-    args.preset = args.preset or ("hf" if args.from_hf else "gpu" if args.device.startswith("cuda") else "cpu")
-    if args.preset == "hf" and not args.from_hf:
+    preset = args.preset or ("hf" if from_hf else "gpu" if args.device.startswith("cuda") else "cpu")
+    if preset == "hf" and not from_hf:
         p.error("--preset hf fine-tunes a real model: give --init_from DIR (a Hugging Face model directory)")
-    # what the command line set of the preset's numbers: they win over the hf preset's schedule (fit_hf_schedule)
-    args.given, args.schedule = [name for name, _, _ in OVERRIDES if getattr(args, name) is not None], {}
-    forced = args.dtype
-    for k, v in PRESETS[args.preset].items():
-        if getattr(args, k, None) is None:
-            setattr(args, k, v)
-    args.dtype = args.dtype or "auto"
-    # what the checkpoint records of the choice; choose_dtype fills it for auto
-    args.precision = None if args.dtype == "auto" else {
-        "dtype": args.dtype, "reason": f"--dtype {forced}" if forced else f"the {args.preset} preset's"}
-    args.data = args.data and os.path.abspath(args.data)  # the checkpoint must find it from anywhere
+    given = [name for name, _, _ in OVERRIDES if getattr(args, name) is not None]  # they win over hf_schedule
+    flags = {k: v for k, v in vars(args).items() if v is not None}
+    c = {**vars(args), **PRESETS[preset], **flags, "preset": preset, "from_hf": from_hf, "given": given,
+         "schedule": {}}
+    c["precision_why"] = None if c["precision"] == "auto" else {  # derive fills it for auto
+        "dtype": c["precision"], "reason": f"--precision {args.precision}" if args.precision else f"the {preset} preset's"}
+    c["data"] = args.data and os.path.abspath(args.data)  # the checkpoint must find it from anywhere
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and args.device.startswith("cuda"):  # torchrun: a GPU per process
+        c["device"] = f"cuda:{int(os.environ['LOCAL_RANK'])}"
     counts = ("B", "ar_iters", "mars_iters", "eval_every", "save_every", "batch_size", "buckets")
-    if any(getattr(args, k) is not None and getattr(args, k) < 1 for k in counts):
+    if any(c.get(k) is not None and c[k] < 1 for k in counts):
         p.error(f"--{', --'.join(counts)} must be >= 1")
-    if not args.from_hf and (args.n_embd % args.n_head or (args.n_embd // args.n_head) % 2):
+    if not from_hf and (c["n_embd"] % c["n_head"] or (c["n_embd"] // c["n_head"]) % 2):
         p.error("--n_embd must split into --n_head heads of an even width (rotary positions rotate pairs)")
     if (args.ar_weight or 0) < 0 or (args.no_sft and args.ar_weight is not None):
         p.error("--ar_weight must be >= 0, and --no_sft has no clean-stream loss to weight")
-    args.ar_weight = 0.0 if args.no_sft else 1.0 if args.ar_weight is None else args.ar_weight
-    return args
+    c["ar_weight"] = 0.0 if args.no_sft else 1.0 if args.ar_weight is None else args.ar_weight
+    return Config(**c)
 
 
-def stage2_flags(args):
+def stage2_flags(cfg):
     """What a MARS checkpoint records of its stage-2 flags (and --resume checks)."""
-    return {"B": args.B, "ar_weight": args.ar_weight, "no_sft": args.no_sft, "block_offset": args.block_offset,
-            "targets": args.targets, "clean_padding": args.clean_padding}
+    return {"B": cfg.B, "ar_weight": cfg.ar_weight, "no_sft": cfg.no_sft, "block_offset": cfg.block_offset,
+            "targets": cfg.targets, "clean_padding": cfg.clean_padding}
+
+
+def schedule_of(cfg, name):
+    """(batch, steps, peak lr) of stage `name`: the hf preset's as derive fitted them to the data, else the preset's
+    and the flags'."""
+    if name in cfg.schedule:
+        s = cfg.schedule[name]
+        return s["batch_size"], s["steps"], s["lr"]
+    return (cfg.batch_size, cfg.ar_iters, cfg.lr) if name == "ar" else (cfg.batch_size, cfg.mars_iters, cfg.mars_lr)
+
+
+def derive(cfg, names, start, world, say):
+    """The config the run trains with, computed once before its first step: cfg with what the first stage's start
+    fixes (start: its model and tokenizer, and the settings its source fixes: the architecture and data of the
+    checkpoint it starts from), the hf preset's schedule fitted to the rows that fit, and the precision (--precision
+    auto: measured on the model, or the resumed stage's)."""
+    model, tok, splits, fixed, resumed = start
+    cfg = cfg.replace(**fixed)
+    if cfg.preset == "hf":  # the batch, steps and lr follow the rows that fit
+        schedule = {}
+        for name in names:
+            rows = len(data.tokenize(splits["train"], tok, cfg.max_seq_len, 1 if name == "ar" else cfg.B))
+            s = schedule[name] = fit_hf_schedule(cfg, name, rows, world)
+            say(f"schedule ({name}): batch {s['batch_size']}, {s['steps']} steps, peak lr {s['lr']:.3g} on {rows} "
+                f"rows ({s['why']})")
+        cfg = cfg.replace(schedule=schedule)
+    why = resumed and resumed["train_config"].get("precision_why")
+    if cfg.precision == "auto" and isinstance(why, dict):  # a resumed stage keeps the precision it started in
+        cfg = cfg.replace(precision=why["dtype"], precision_why=why)
+    elif cfg.precision == "auto":
+        from precision import choose_dtype  # the probe, off the method's path
+        why = choose_dtype(cfg, model, world)
+        cfg = cfg.replace(precision=why["dtype"], precision_why=why)
+        say(f"precision: {why['dtype']}: {why['reason']} (--precision forces either)")
+    return cfg
+
+
+def show(cfg):
+    """The config as the run prints it at its start: one name=value per setting, wrapped."""
+    words = [f"{k}={v}" for k, v in sorted(vars(cfg).items()) if k not in ("given", "precision_why")]
+    return "config:\n" + textwrap.fill(" ".join(words), 118, initial_indent="  ", subsequent_indent="  ")
 
 
 # ---------------------------------------------------------------------------
@@ -219,22 +273,18 @@ def hf_schedule(rows, epochs, given, multiple=1):
     return batch, steps, lr, "; ".join(why)
 
 
-def fit_hf_schedule(args, name, rows, world):
-    """Sets stage `name`'s batch, steps and peak lr by hf_schedule (the flags the command line gave win), records
-    them in args.schedule (the checkpoint's train_config) and returns the line the run prints."""
+def fit_hf_schedule(cfg, name, rows, world):
+    """Stage `name`'s batch, steps and peak lr by hf_schedule on `rows` training rows (the flags the command line
+    gave win), as the checkpoint's train_config records them (schedule)."""
     steps_key, lr_key = ("ar_iters", "lr") if name == "ar" else ("mars_iters", "mars_lr")
     flags = {"batch_size": "batch_size", "steps": steps_key, "lr": lr_key}
-    given = {k: getattr(args, flag) for k, flag in flags.items() if flag in args.given}
-    batch, steps, lr, why = hf_schedule(rows, args.epochs, given, (args.micro_batch or 1) * world)
-    args.batch_size, args.schedule[name] = batch, {"rows": rows, "batch_size": batch, "steps": steps, "lr": lr,
-                                                   "why": why}
-    setattr(args, steps_key, steps)
-    setattr(args, lr_key, lr)
-    return f"schedule ({name}): batch {batch}, {steps} steps, peak lr {lr:.3g} on {rows} rows ({why})"
+    given = {k: getattr(cfg, flag) for k, flag in flags.items() if flag in cfg.given}
+    batch, steps, lr, why = hf_schedule(rows, cfg.epochs, given, (cfg.micro_batch or 1) * world)
+    return {"rows": rows, "batch_size": batch, "steps": steps, "lr": lr, "why": why}
 
 
 # ---------------------------------------------------------------------------
-# The precision a training forward runs in (--dtype auto measures which is faster: precision.py)
+# The precision a training forward runs in (--precision auto measures which is faster: precision.py)
 
 MATH_ATTENTION_MAX = 128  # [noisy | clean] positions up to which bf16 attention on the CPU is faster on the math path
 

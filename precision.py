@@ -1,6 +1,6 @@
 """The precision training runs in, measured: bf16 autocast is several times faster than float32 where the CPU
-or GPU has native bf16, and 10-30x slower where it has not (e.g. AVX2 only), so --dtype auto times both on the
-model's shapes at start (choose_dtype) rather than assume. train.py imports this module only for --dtype auto.
+or GPU has native bf16, and 10-30x slower where it has not (e.g. AVX2 only), so --precision auto times both on the
+model's shapes at start (choose_dtype) rather than assume. train.py imports this module only for --precision auto.
 """
 import math
 import time
@@ -82,30 +82,25 @@ def with_bf16(gpu):
             "bf16 it is the known answer, and a probe there times launches and other processes)"}
 
 
-def choose_dtype(args, model, world, say):
-    """--dtype auto: on a CPU, predicts both precisions' time for a forward and backward of the model on a step's
+def choose_dtype(cfg, model, world):
+    """--precision auto: on a CPU, predicts both precisions' time for a forward and backward of the model on a step's
     tokens (probe, on one thread) and trains in bf16 autocast only where it is clearly faster; a GPU trains in bf16
-    autocast where it has native bf16 (with_bf16), else in float32 (without_bf16), unprobed. Sets args.dtype and
-    args.precision (the checkpoint's train_config and the stage log record both) and says why."""
-    if args.device.startswith("cuda"):  # emulation counts as support by default: a T4 emulates bf16, slower
-        native, gpu = torch.cuda.is_bf16_supported(including_emulation=False), torch.cuda.get_device_name(args.device)
-        args.precision = with_bf16(gpu) if native else without_bf16(gpu)
-        args.dtype = args.precision["dtype"]
-        return say(f"precision: {args.dtype}: {args.precision['reason']} (--dtype forces either)")
-    tokens = (args.micro_batch or args.batch_size // world) * args.max_seq_len
+    autocast where it has native bf16 (with_bf16), else in float32 (without_bf16), unprobed. Returns the record the
+    config keeps (precision_why): the dtype, why, and the timings."""
+    if cfg.device.startswith("cuda"):  # emulation counts as support by default: a T4 emulates bf16, slower
+        native, gpu = torch.cuda.is_bf16_supported(including_emulation=False), torch.cuda.get_device_name(cfg.device)
+        return with_bf16(gpu) if native else without_bf16(gpu)
+    tokens = (cfg.micro_batch or cfg.batch_size // world) * cfg.max_seq_len
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the precisions differ per core; a second thread may wait on a core others hold
-    times = torch.tensor(probe(step_timer(model, args.max_seq_len, args.device), tokens), device=args.device)
+    times = torch.tensor(probe(step_timer(model, cfg.max_seq_len, cfg.device), tokens), device=cfg.device)
     torch.set_num_threads(threads)
     if dist.is_initialized():  # every process trains in rank 0's choice
         dist.broadcast(times, 0)
     fp32, bf16, rows = times.tolist()
-    args.dtype = decide(fp32, bf16)
-    where = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
-             else f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
+    where = f"CPU capability {torch.backends.cpu.get_cpu_capability()}"
     reason = (f"bf16 autocast takes {bf16 / fp32:.2f}x float32's time ({1e3 * bf16:.2f} against {1e3 * fp32:.2f} ms "
               f"for a forward and backward of the model on a step's {tokens} tokens, predicted from runs on 1 and "
               f"{int(rows)}, {where}); bf16 needs {BF16_MARGIN}x or less")
-    args.precision = {"dtype": args.dtype, "reason": reason, "float32_ms": round(1e3 * fp32, 3),
-                      "bfloat16_ms": round(1e3 * bf16, 3), "tokens": tokens, "rows": int(rows), "device": where}
-    say(f"precision: {args.dtype}: {reason} (--dtype forces either)")
+    return {"dtype": decide(fp32, bf16), "reason": reason, "float32_ms": round(1e3 * fp32, 3),
+            "bfloat16_ms": round(1e3 * bf16, 3), "tokens": tokens, "rows": int(rows), "device": where}

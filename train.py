@@ -22,12 +22,13 @@ import mars
 import sample
 import tokenizer
 from checkpoint import UserError, foreign, load_checkpoint, model_from_checkpoint
-from config import MODEL_KEYS, autocast, fit_hf_schedule, get_args, run_cli, stage2_flags
+from config import MODEL_KEYS, autocast, derive, get_args, run_cli, schedule_of, show, stage2_flags
 from model import GPT, GPTConfig
 
 STEP_TIME = {"ar": 1.0, "control": 1.0, "mars": 1.9}  # time of a step against stage 1's (docs/profile_cpu.json)
 EVAL_BATCH = 64  # prompts decoded at once when scoring: one forward serves them all
 VAL_SEED = 1234  # the validation loss's random draws: the same at every evaluation, so that they compare
+VAL_SEQS = 256  # validation sequences the validation loss averages over
 
 
 def lr_at(it, peak, warmup_frac, iters):
@@ -42,47 +43,47 @@ class Stage:
     state: the checkpoint of this stage interrupted earlier (--resume); hf: what the checkpoint records of
     the Hugging Face model the run started from (None for the toy)."""
 
-    def __init__(self, name, model, tok, splits, args, dist_info, state=None, hf=None):
-        self.name, self.raw_model, self.tok, self.args, self.hf = name, model, tok, args, hf
+    def __init__(self, name, model, tok, splits, cfg, dist_info, state=None, hf=None):
+        self.name, self.raw_model, self.tok, self.cfg, self.hf = name, model, tok, cfg, hf
         self.t_created = time.time()
-        (self.rank, self.world), self.path = dist_info, os.path.join(args.out_dir, f"{name}.pt")
-        self.multiple = 1 if name == "ar" else args.B  # stage 2 and the control pad sequences to B's multiples
-        self.seqs = data.tokenize(splits["train"], tok, args.max_seq_len, self.multiple)
-        self.val_seqs = data.tokenize(splits["val"], tok, args.max_seq_len, self.multiple)[:256]
-        self.val_examples = splits["val"][:args.summary_limit]
+        (self.rank, self.world), self.path = dist_info, os.path.join(cfg.out_dir, f"{name}.pt")
+        self.multiple = 1 if name == "ar" else cfg.B  # stage 2 and the control pad sequences to B's multiples
+        self.seqs = data.tokenize(splits["train"], tok, cfg.max_seq_len, self.multiple)
+        self.val_seqs = data.tokenize(splits["val"], tok, cfg.max_seq_len, self.multiple)[:VAL_SEQS]
+        self.val_examples = splits["val"][:cfg.summary_limit]
         if not self.seqs:
-            raise UserError(f"no training example fits --max_seq_len {args.max_seq_len}")
-        self.buckets = data.length_buckets(self.seqs, args.buckets, self.multiple, min_seqs=8 * args.batch_size)
-        self.iters, self.peak_lr = (args.ar_iters, args.lr) if name == "ar" else (args.mars_iters, args.mars_lr)
-        self.micro = args.micro_batch or args.batch_size // self.world
-        if self.micro < 1 or args.batch_size % (self.micro * self.world):
-            raise UserError(f"--batch_size {args.batch_size} is not a multiple of --micro_batch {self.micro} x "
+            raise UserError(f"no training example fits --max_seq_len {cfg.max_seq_len}")
+        self.batch_size, self.iters, self.peak_lr = schedule_of(cfg, name)
+        self.buckets = data.length_buckets(self.seqs, cfg.buckets, self.multiple, min_seqs=8 * self.batch_size)
+        self.micro = cfg.micro_batch or self.batch_size // self.world
+        if self.micro < 1 or self.batch_size % (self.micro * self.world):
+            raise UserError(f"--batch_size {self.batch_size} is not a multiple of --micro_batch {self.micro} x "
                             f"{self.world} processes")
-        self.accum = args.batch_size // (self.micro * self.world)
+        self.accum = self.batch_size // (self.micro * self.world)
         groups = [{"params": [p for p in model.parameters() if p.dim() == d], "weight_decay": wd}  # decay matrices
-                  for d, wd in ((2, args.weight_decay), (1, 0.0))]
-        self.optimizer = torch.optim.AdamW(groups, self.peak_lr, tuple(args.betas), fused=True)  # CPU too: 4x faster
-        self.order = torch.Generator().manual_seed(args.seed + (name != "ar"))  # control and mars: the same batches
+                  for d, wd in ((2, cfg.weight_decay), (1, 0.0))]
+        self.optimizer = torch.optim.AdamW(groups, self.peak_lr, tuple(cfg.betas), fused=True)  # CPU too: 4x faster
+        self.order = torch.Generator().manual_seed(cfg.seed + (name != "ar"))  # control and mars: the same batches
         self.first_step, self.history = (state["iter"], state["history"]) if state else (0, [])
         self.seconds_before = self.history[-1]["elapsed_s"] if self.history else 0.0  # before an interruption
         if state:
             self.optimizer.load_state_dict(state["optimizer"])
             self.order.set_state(state["order_rng"])
-        self.teacher = teacher(name, model, tok, state, args)  # --targets soft: the base model, frozen
-        compiled = torch.compile(model) if args.compile else model
+        self.teacher = teacher(name, model, tok, state, cfg)  # --targets soft: the base model, frozen
+        compiled = torch.compile(model) if cfg.compile else model
         self.model = DDP(compiled) if self.world > 1 else compiled  # what the loop runs; raw_model: the plain GPT
-        self.amp = functools.partial(autocast, args.device, args.dtype, args.max_seq_len)  # dtype: choose_dtype's
+        self.amp = functools.partial(autocast, cfg.device, cfg.precision, cfg.max_seq_len)
 
     def next_batch(self):
         """A step's global batch (every process draws the same, then takes its share) and its random draws,
         from a generator the batch order seeds, so that a resumed run draws them again."""
-        seqs = [self.seqs[i] for i in data.draw_batch(self.buckets, self.args.batch_size, self.order)]
+        seqs = [self.seqs[i] for i in data.draw_batch(self.buckets, self.batch_size, self.order)]
         step_rng = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=self.order)))
         return (seqs, *self.random_draws(step_rng, len(seqs)))
 
     def random_draws(self, rng, n):
         """Random draws for n sequences: the MARS block offset, and the --no_sft weights (1/t per sequence)."""
-        a = self.args
+        a = self.cfg
         offset = int(torch.randint(a.B, (1,), generator=rng)) if a.block_offset == "random" else 0
         return offset, mars.no_sft_weights(n, rng, a.device) if a.no_sft else None
 
@@ -97,7 +98,7 @@ class Stage:
             yield x, y, None if weights is None else weights[mine]
 
     def batch(self, seqs):
-        return (t.to(self.args.device) for t in data.make_batch(seqs, self.tok.eot, self.multiple))
+        return (t.to(self.cfg.device) for t in data.make_batch(seqs, self.tok.eot, self.multiple))
 
     def loss(self, model, x, y, offset=0, weight=None, hard=False):
         """The stage's loss and what to log. The control is MARS without its noisy stream: the clean term
@@ -109,13 +110,13 @@ class Stage:
             loss = mars.ar_loss(model, x, clean_y, per_sequence=self.name == "control", soft=soft)
             return loss, {"loss": loss}
         beyond = mars.Beyond(offset, 1.0 if weight is None else weight, clean_y, soft)
-        loss, noisy, clean = mars.mars_loss(model, x, y, self.tok.mask, self.args.B, self.args.ar_weight, beyond)
+        loss, noisy, clean = mars.mars_loss(model, x, y, self.tok.mask, self.cfg.B, self.cfg.ar_weight, beyond)
         return loss, {"loss": loss, "noisy": noisy, "clean": clean}
 
     def clean_targets(self, y):
         """The clean stream's targets: y, or with --clean_padding drop, y without the end-of-turn padding to B's
         multiple (the targets after a sequence's first end of turn)."""
-        if self.name == "ar" or self.args.clean_padding == "keep":
+        if self.name == "ar" or self.cfg.clean_padding == "keep":
             return y
         return y.masked_fill(mars.end_padding(y, self.tok.eot), -1)
 
@@ -137,34 +138,34 @@ class Stage:
     def save(self, step, done):
         """An atomic checkpoint (temp file + rename) of plain types, loadable with weights_only=True."""
         ckpt = {"model": self.raw_model.state_dict(), "model_config": asdict(self.raw_model.config), "done": done,
-                "tokenizer": self.tok.state(), "train_config": vars(self.args), "stage": self.name, "iter": step,
+                "tokenizer": self.tok.state(), "train_config": dict(vars(self.cfg)), "stage": self.name, "iter": step,
                 "optimizer": self.optimizer.state_dict(), "order_rng": self.order.get_state(), "history": self.history}
         if self.hf is not None:
             ckpt["hf"] = self.hf
         if self.name == "mars":
-            ckpt["mars"] = stage2_flags(self.args)
+            ckpt["mars"] = stage2_flags(self.cfg)
         elif self.name == "control":
-            ckpt["control"] = {"B": self.args.B}
+            ckpt["control"] = {"B": self.cfg.B}
         checkpoint.save(ckpt, self.path)
 
 
-def teacher(name, model, tok, state, args):
+def teacher(name, model, tok, state, cfg):
     """--targets soft: the frozen model stage 2 starts from (a resumed stage reloads it from where it started)."""
-    if args.targets == "hard" or name == "ar":
+    if cfg.targets == "hard" or name == "ar":
         return None
     if state is not None:
-        source = args.init_from if args.init_from and args.stage != "all" else os.path.join(args.out_dir, "ar.pt")
-        model, tok = model_from_checkpoint(load_checkpoint(source, args.device), args.device)
+        source = cfg.init_from if cfg.init_from and cfg.stage != "all" else os.path.join(cfg.out_dir, "ar.pt")
+        model, tok = model_from_checkpoint(load_checkpoint(source, cfg.device), cfg.device)
     return foreign().Teacher(model, tok)
 
 
 def train(stage, later=0.0):
     """The loop of every stage, top to bottom; only the loss differs (Stage.loss). Ctrl-C stops it at the end
     of a step, with a checkpoint. later: what the run does after this stage, in stage-1 steps (for the ETA)."""
-    args, progress = stage.args, Progress(stage, later)
+    cfg, progress = stage.cfg, Progress(stage, later)
     with ctrl_c(stage) as stop_now:
         for it in range(stage.first_step, stage.iters):
-            lr = lr_at(it, stage.peak_lr, args.warmup, stage.iters)
+            lr = lr_at(it, stage.peak_lr, cfg.warmup, stage.iters)
             for group in stage.optimizer.param_groups:
                 group["lr"] = lr
             seqs, offset, weights = stage.next_batch()  # the global batch, its MARS block offset and --no_sft weights
@@ -175,7 +176,7 @@ def train(stage, later=0.0):
                 (loss / stage.accum).backward()
                 for k, v in parts.items():
                     logged[k] = logged.get(k, 0.0) + v.item() / stage.accum
-            norm = torch.nn.utils.clip_grad_norm_(stage.raw_model.parameters(), args.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(stage.raw_model.parameters(), cfg.grad_clip)
             if not torch.isfinite(norm):  # the same on every process: the gradients were averaged
                 raise UserError(f"non-finite loss or gradient at {stage.name} step {it} (loss {logged['loss']:.4g}); "
                                 f"stopped without updating; the last good checkpoint is {stage.path}"
@@ -184,12 +185,12 @@ def train(stage, later=0.0):
             stage.optimizer.zero_grad(set_to_none=True)
             last = it + 1 == stage.iters
             record = {"iter": it + 1, "lr": lr, **logged, "elapsed_s": progress.elapsed()}
-            if (it + 1) % args.eval_every == 0 or last:
+            if (it + 1) % cfg.eval_every == 0 or last:
                 record.update(stage.val_losses())
             stage.history.append(record)
             progress.report(record, sum(len(ids) - 1 for ids, _ in seqs))
             stop = stop_now()
-            if stage.rank == 0 and (stop or last or (it + 1) % args.save_every == 0):
+            if stage.rank == 0 and (stop or last or (it + 1) % cfg.save_every == 0):
                 stage.save(it + 1, last)
             if stop and not last:
                 raise KeyboardInterrupt
@@ -252,15 +253,15 @@ def finish(stage):
     reports), MARS at tau = 1.0, and its wall time; then the log and its plot are written."""
     if stage.rank != 0:
         return
-    record, B = stage.history[-1], stage.args.B if stage.name == "mars" else 1
+    record, B = stage.history[-1], stage.cfg.B if stage.name == "mars" else 1
     if stage.val_examples:
         r = evaluate(stage.raw_model, stage.tok, stage.val_examples, B=B)
         print(f"validation accuracy {100 * r['accuracy']:.1f}% on {r['n']} prompts: "
               + ", ".join(f"{k} {100 * v:.0f}" for k, v in r["per_task"].items()), flush=True)
         record.update(val_accuracy=r["accuracy"], val_per_task=r["per_task"])
     record.update(stage_seconds=round(stage.seconds_before + time.time() - stage.t_created, 2),
-                  precision=stage.args.precision)  # the autocast dtype, and why (precision.choose_dtype)
-    write_log_and_plot(stage.name, stage.history, stage.args.out_dir)
+                  precision=stage.cfg.precision_why)  # the autocast dtype, and why
+    write_log_and_plot(stage.name, stage.history, stage.cfg.out_dir)
 
 
 def evaluate(model, tok, examples, B=1, tau=1.0):
@@ -310,11 +311,11 @@ def write_log_and_plot(name, history, out_dir):
     fig.savefig(os.path.join(out_dir, f"{name}_loss.png"), dpi=100, bbox_inches="tight")
 
 
-def plan_stages(args, say):
+def plan_stages(cfg, say):
     """The names of the stages to run, and the checkpoint of a stage interrupted earlier (--resume)."""
-    names = ["ar", "mars"] if args.stage == "all" else [args.stage]
-    for name in reversed(names if args.resume else []):
-        path = os.path.join(args.out_dir, f"{name}.pt")
+    names = ["ar", "mars"] if cfg.stage == "all" else [cfg.stage]
+    for name in reversed(names if cfg.resume else []):
+        path = os.path.join(cfg.out_dir, f"{name}.pt")
         if not os.path.exists(path):
             continue
         ckpt = load_checkpoint(path)
@@ -322,91 +323,84 @@ def plan_stages(args, say):
             names = names[names.index(name) + 1:]
             say(f"resuming: stage {name} is complete in {path}" + ("" if names else "; nothing to do"))
             return names, {}
-        saved, now = ckpt.get("mars") or ckpt.get("control") or {}, stage2_flags(args)
+        saved, now = ckpt.get("mars") or ckpt.get("control") or {}, stage2_flags(cfg)
         changed = [f"{k} {saved[k]} -> {now[k]}" for k in saved if saved[k] != now[k]]
         if changed:
             raise UserError(f"--resume with changed stage-2 flags ({', '.join(changed)}); rerun with the flags of "
                             f"{path}, or start a new --out_dir")
-        if args.dtype == "auto":  # a resumed stage keeps the precision it started in
-            args.dtype, args.precision = ckpt["train_config"]["dtype"], ckpt["train_config"].get("precision")
         say(f"resuming stage {name} at step {ckpt['iter']} from {path}")
         return names[names.index(name):], {name: ckpt}
-    if args.resume:
-        say(f"resuming: no checkpoint in {args.out_dir}; starting from scratch")
+    if cfg.resume:
+        say(f"resuming: no checkpoint in {cfg.out_dir}; starting from scratch")
     return names, {}
 
 
-def start_stage(name, state, args, splits, say):
-    """The model, tokenizer and splits a stage starts from, and its Hugging Face record (None for the toy)."""
-    if args.from_hf:  # a real model: extras/checkpoints/hf_train.py, through the root's one seam
-        return foreign().start_real_stage(name, state, args, splits, MODEL_KEYS, load_checkpoint, model_from_checkpoint)
+def start_stage(name, state, cfg, splits, say):
+    """The model, tokenizer and splits a stage starts from, its Hugging Face record (None for the toy), and the
+    settings the checkpoint it starts from fixes (its architecture and data: derive puts them in the config)."""
+    if cfg.from_hf:  # a real model: extras/checkpoints/hf_train.py, through the root's one seam
+        return foreign().start_real_stage(name, state, cfg, splits, MODEL_KEYS, load_checkpoint, model_from_checkpoint)
     if name == "ar" and state is None:  # the toy, from scratch
-        splits = data.load_splits(args.data, args.seed, args.n_train)
-        tok = tokenizer.Tokenizer.train((data.plain_text(e) for e in splits["train"]), args.vocab_size)
-        model = GPT(GPTConfig(vocab_size=tok.n_vocab, **{k: getattr(args, k) for k in MODEL_KEYS})).to(args.device)
+        splits = data.load_splits(cfg.data, cfg.seed, cfg.n_train)
+        tok = tokenizer.Tokenizer.train((data.plain_text(e) for e in splits["train"]), cfg.vocab_size)
+        model = GPT(GPTConfig(vocab_size=tok.n_vocab, **{k: getattr(cfg, k) for k in MODEL_KEYS})).to(cfg.device)
         say(f"instruction set: {', '.join(f'{k} {len(v)}' for k, v in splits.items())}; tokenizer: "
             f"{tok.n_vocab} tokens; model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
-        return model, tok, splits, None
-    source = state or load_checkpoint(args.init_from or os.path.join(args.out_dir, "ar.pt"))
+        return model, tok, splits, None, {}
+    source = state or load_checkpoint(cfg.init_from or os.path.join(cfg.out_dir, "ar.pt"))
     if state is None and source.get("stage") != "ar":
         raise UserError("--init_from must be a stage-1 (ar) checkpoint or a Hugging Face model directory")
-    model, tok = model_from_checkpoint(source, args.device)
-    for k in MODEL_KEYS:  # the architecture comes from the checkpoint
-        setattr(args, k, source["model_config"][k])
+    model, tok = model_from_checkpoint(source, cfg.device)
     prev = source["train_config"]
-    args.data = args.data or prev["data"]
-    return model, tok, splits or data.load_splits(args.data, prev["seed"], prev["n_train"]), None
+    fixed = {**{k: source["model_config"][k] for k in MODEL_KEYS}, "data": cfg.data or prev["data"]}
+    return model, tok, splits or data.load_splits(fixed["data"], prev["seed"], prev["n_train"]), None, fixed
 
 
-def work_after(name, names, args, splits):
+def work_after(name, names, cfg, splits):
     """What the run does after this stage, in stage-1 steps: the later stages, the validation accuracies
     and the summary (decoding a prompt takes about as long as training on a sequence)."""
     rest = names[names.index(name) + 1:]
-    steps = sum(STEP_TIME[n] * ((args.ar_iters if n == "ar" else args.mars_iters) or 0) for n in rest)
-    prompts = (1 + len(rest)) * len(splits["val"][:args.summary_limit])
-    prompts += 3 * len(splits["test"][:args.summary_limit]) if args.stage == "all" else 0
-    return steps + prompts / args.batch_size
+    steps = sum(STEP_TIME[n] * schedule_of(cfg, n)[1] for n in rest)
+    prompts = (1 + len(rest)) * len(splits["val"][:cfg.summary_limit])
+    prompts += 3 * len(splits["test"][:cfg.summary_limit]) if cfg.stage == "all" else 0
+    return steps + prompts / schedule_of(cfg, name)[0]
 
 
 def out_of_memory(stage):
     """What running out of memory in a stage says: the flag that fixes it."""
-    a = stage.args
+    a = stage.cfg
     return (f"out of memory on {a.device} in stage {stage.name}, with micro-batches of {stage.micro} rows of up to "
-            f"{a.max_seq_len} tokens: lower --micro_batch (the batch of {a.batch_size} rows stays, accumulated over "
+            f"{a.max_seq_len} tokens: lower --micro_batch (the batch of {stage.batch_size} rows stays, accumulated over "
             "more micro-batches); memory other processes hold on the device counts too")
 
 
 def main(argv=None):
-    args, t0 = get_args(argv), time.time()
+    cfg, t0 = get_args(argv), time.time()
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    if world > 1:  # torchrun: one process per device
-        dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo")
-        if args.device.startswith("cuda"):
-            args.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-            torch.cuda.set_device(args.device)
+    if world > 1:  # torchrun: one process per device (config.resolve gave each its GPU)
+        dist.init_process_group("nccl" if cfg.device.startswith("cuda") else "gloo")
+        if cfg.device.startswith("cuda"):
+            torch.cuda.set_device(cfg.device)
     say = print if rank == 0 else lambda *_: None
-    os.makedirs(args.out_dir, exist_ok=True)
-    torch.manual_seed(args.seed)
-    names, resume_state = plan_stages(args, say)
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    names, resume_state = plan_stages(cfg, say)
     splits = None
     for name in names:
         state = resume_state.get(name)
-        model, tok, splits, hf = start_stage(name, state, args, splits, say)
-        if args.preset == "hf":  # the recipe's batch, steps and lr follow the rows that fit
-            rows = data.tokenize(splits["train"], tok, args.max_seq_len, 1 if name == "ar" else args.B)
-            say(fit_hf_schedule(args, name, len(rows), world))
-        if args.dtype == "auto":  # measured once, on the first stage's model and batch shape
-            from precision import choose_dtype  # the probe, off the method's path
-            choose_dtype(args, model, world, say)
-        stage = Stage(name, model, tok, splits, args, (rank, world), state, hf)
+        model, tok, splits, hf, fixed = start_stage(name, state, cfg, splits, say)
+        if name == names[0]:  # the first stage's start completes the config: derived once, printed, then read-only
+            cfg = derive(cfg, names, (model, tok, splits, fixed, state), world, say)
+            say(show(cfg))
+        stage = Stage(name, model, tok, splits, cfg, (rank, world), state, hf)
         try:
-            train(stage, work_after(name, names, args, splits))
+            train(stage, work_after(name, names, cfg, splits))
         except torch.OutOfMemoryError:  # one line naming the knob, not the allocator's traceback
             raise UserError(out_of_memory(stage)) from None
         if world > 1:  # the next stage reads the checkpoint rank 0 has just written
             dist.barrier()
-    if rank == 0 and args.stage == "all" and names:
-        summary(args.out_dir, splits["test"][:args.summary_limit], args.device)
+    if rank == 0 and cfg.stage == "all" and names:
+        summary(cfg.out_dir, splits["test"][:cfg.summary_limit], cfg.device)
     if names:
         say(f"done in {(time.time() - t0) / 60:.1f} min")
     if world > 1:

@@ -325,7 +325,7 @@ def tiny_mars(tiny, tmp_path_factory):
     jsonl.write_text("".join(json.dumps({"prompt": f"Add {i} and  {i + 7}.", "response": f"{2 * i + 7}."}) + "\n"
                              for i in range(40)))
     proc = run_cli(["train.py", "--stage", "mars", "--init_from", tiny[0], "--data", jsonl, "--out_dir", out,
-                    "--device", "cpu", "--dtype", "float32", "--mars_iters", "2", "--batch_size", "4", "--micro_batch",
+                    "--device", "cpu", "--precision", "float32", "--mars_iters", "2", "--batch_size", "4", "--micro_batch",
                     "4", "--max_seq_len", "64", "--eval_every", "1", "--save_every", "2", "--summary_limit", "2"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out

@@ -119,15 +119,12 @@ def test_a_runs_utilization_is_its_flops_over_its_gpus_peak():
 def test_a_gpu_with_native_bf16_trains_in_bf16_unprobed(monkeypatch):
     """There bf16 autocast is the known answer, and a probe times launches and other processes. The log and the
     record say so and name the GPU."""
-    said = []
     monkeypatch.setattr(precision.torch.cuda, "is_bf16_supported", lambda **kw: kw == {"including_emulation": False})
     monkeypatch.setattr(precision.torch.cuda, "get_device_name", lambda device=None: f"NVIDIA H200 ({device})")
     monkeypatch.setattr(precision, "probe", lambda *a, **k: pytest.fail("a GPU with native bf16 was probed"))
-    args = SimpleNamespace(device="cuda:1", dtype="auto", precision=None)
-    precision.choose_dtype(args, None, 1, said.append)
-    assert args.dtype == "bfloat16" and args.precision == precision.with_bf16("NVIDIA H200 (cuda:1)")
-    assert args.precision["device"] == "NVIDIA H200 (cuda:1)" and "not probed" in args.precision["reason"]
-    assert said == [f"precision: bfloat16: {args.precision['reason']} (--dtype forces either)"]
+    why = precision.choose_dtype(SimpleNamespace(device="cuda:1"), None, 1)
+    assert why["dtype"] == "bfloat16" and why == precision.with_bf16("NVIDIA H200 (cuda:1)")
+    assert why["device"] == "NVIDIA H200 (cuda:1)" and "not probed" in why["reason"]
 
 
 def test_out_of_memory_is_one_line_naming_micro_batch(tmp_path, monkeypatch):

@@ -101,11 +101,12 @@ def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, m
     # the recipe is the default for a Hugging Face directory, and flags override single values; the given batch
     # and steps win over the schedule, whose lr follows the batch: 5e-6 at 384, times sqrt(4 / 384) at 4
     assert cfg["preset"] == "hf" and cfg["lr"] == 5e-6 and cfg["warmup"] == 0.03
-    assert cfg["mars_lr"] == pytest.approx(5e-6 / math.sqrt(96)) and cfg["batch_size"] == 4
+    assert cfg["schedule"]["mars"]["lr"] == pytest.approx(5e-6 / math.sqrt(96))
+    assert cfg["schedule"]["mars"]["batch_size"] == cfg["batch_size"] == 4
     assert cfg["schedule"]["mars"]["why"].startswith("batch given; steps given; lr: 5e-06 x sqrt(4 / 384)")
     assert cfg["weight_decay"] == 0.0 and cfg["betas"] == [0.9, 0.999]
-    # the recipe leaves the precision to the probe (--dtype auto), which recorded its timings
-    assert cfg["dtype"] == cfg["precision"]["dtype"] and cfg["precision"]["float32_ms"] > 0
+    # the recipe leaves the precision to the probe (--precision auto), which recorded its timings
+    assert cfg["precision"] == cfg["precision_why"]["dtype"] and cfg["precision_why"]["float32_ms"] > 0
     # rows of at most 512 tokens (the recipe), within the model's context (256 here)
     assert cfg["max_seq_len"] == 256 and cfg["mars_iters"] == 3 and cfg["micro_batch"] == 2
     assert ckpt["mars"]["B"] == 4 and ckpt["stage"] == "mars" and ckpt["done"] and ckpt["hf"]["model_type"] == "qwen2"
@@ -133,7 +134,7 @@ def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, m
 def test_continued_ar_sft_on_a_hugging_face_directory(qwen):
     path, jsonl, root = qwen
     run_train("--stage", "ar", "--init_from", path, "--data", jsonl, "--out_dir", root / "ar", "--device", "cpu",
-              "--ar_iters", 2, "--batch_size", 2, "--micro_batch", 1, "--dtype", "float32")
+              "--ar_iters", 2, "--batch_size", 2, "--micro_batch", 1, "--precision", "float32")
     ckpt = checkpoint.load_checkpoint(str(root / "ar" / "ar.pt"))
     assert ckpt["stage"] == "ar" and "mars" not in ckpt and "hf" in ckpt and ckpt["train_config"]["ar_iters"] == 2
     assert trained_from_hf_is_recipe(root / "ar" / "ar.pt")
@@ -166,23 +167,24 @@ def test_hf_schedule_follows_the_data(rows, multiple, batch, steps):
 
 
 def test_hf_schedule_gives_way_to_the_flags_and_the_run_records_it():
-    """What the command line sets wins, stage by stage; the rest follows the data, and args.schedule (the
-    checkpoint's train_config) records the choice. smollm2 is only named: nothing is loaded."""
+    """What the command line sets wins, stage by stage; the rest follows the data, and cfg.schedule (the
+    checkpoint's train_config) records the choice, which the stage reads. smollm2 is only named: nothing is loaded."""
     base = ["--stage", "all", "--init_from", "smollm2", "--device", "cpu"]
-    args = config.get_args(base + ["--batch_size", "64", "--mars_lr", "1e-5", "--ar_iters", "7"])
-    assert args.preset == "hf" and {"batch_size", "mars_lr", "ar_iters"} <= set(args.given)
-    line = config.fit_hf_schedule(args, "ar", 1072, world=2)
-    assert (args.batch_size, args.ar_iters) == (64, 7) and args.lr == pytest.approx(5e-6 / math.sqrt(6))
-    assert line == ("schedule (ar): batch 64, 7 steps, peak lr 2.04e-06 on 1072 rows (batch given; steps given; "
-                    "lr: 5e-06 x sqrt(64 / 384))")
-    config.fit_hf_schedule(args, "mars", 1072, world=2)
-    assert (args.mars_iters, args.mars_lr) == (max(200, math.ceil(5 * 1072 / 64)), 1e-5)
-    assert args.schedule["mars"] == {"rows": 1072, "batch_size": 64, "steps": 200, "lr": 1e-5,
-                                     "why": "batch given; steps: 5 epochs of 1072 rows, at least 200; lr given"}
-    args = config.get_args(base)  # no flags: micro-batch 4 x 2 processes, so batch 16 rather than 21
-    config.fit_hf_schedule(args, "mars", 1072, world=2)
-    assert (args.batch_size, args.mars_iters) == (16, 335) and args.mars_lr == pytest.approx(5e-6 / math.sqrt(24))
-    assert args.lr == 5e-6  # stage 1's, untouched by stage 2's schedule
+    cfg = config.get_args(base + ["--batch_size", "64", "--mars_lr", "1e-5", "--ar_iters", "7"])
+    assert cfg.preset == "hf" and {"batch_size", "mars_lr", "ar_iters"} <= set(cfg.given)
+    ar = config.fit_hf_schedule(cfg, "ar", 1072, world=2)
+    assert ar == {"rows": 1072, "batch_size": 64, "steps": 7, "lr": pytest.approx(5e-6 / math.sqrt(6)),
+                  "why": "batch given; steps given; lr: 5e-06 x sqrt(64 / 384)"}
+    mars = config.fit_hf_schedule(cfg, "mars", 1072, world=2)
+    assert mars == {"rows": 1072, "batch_size": 64, "steps": 200, "lr": 1e-5,
+                    "why": "batch given; steps: 5 epochs of 1072 rows, at least 200; lr given"}
+    fitted = cfg.replace(schedule={"ar": ar, "mars": mars})
+    assert config.schedule_of(fitted, "ar") == (64, 7, ar["lr"]) and config.schedule_of(fitted, "mars") == (64, 200, 1e-5)
+    cfg = config.get_args(base)  # no flags: micro-batch 4 x 2 processes, so batch 16 rather than 21
+    mars = config.fit_hf_schedule(cfg, "mars", 1072, world=2)
+    assert (mars["batch_size"], mars["steps"]) == (16, 335) and mars["lr"] == pytest.approx(5e-6 / math.sqrt(24))
+    with pytest.raises(AttributeError, match="read-only"):  # nothing edits the resolved config
+        cfg.batch_size = 16
 
 
 @pytest.mark.parametrize("text, answer", [

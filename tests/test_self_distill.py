@@ -26,7 +26,7 @@ def batch(tok, splits):
 
 
 def drop_padding(tok, y):
-    stage = SimpleNamespace(name="mars", args=SimpleNamespace(clean_padding="drop"), tok=tok)
+    stage = SimpleNamespace(name="mars", cfg=SimpleNamespace(clean_padding="drop"), tok=tok)
     return train.Stage.clean_targets(stage, y)
 
 

@@ -50,9 +50,13 @@ def test_tiny_run_all_stages(tiny_run):
         assert (tiny_run / f"{stage}_loss.png").stat().st_size > 1000
         assert log[-1]["stage_seconds"] >= log[-1]["elapsed_s"] > 0  # the stage's wall time: setup and validation too
         # the tiny preset pins float32, so its losses are the same on every machine (no probe)
-        assert log[-1]["precision"] == ckpt["train_config"]["precision"] == {"dtype": "float32",
-                                                                             "reason": "the tiny preset's"}
+        assert log[-1]["precision"] == ckpt["train_config"]["precision_why"] == {"dtype": "float32",
+                                                                                 "reason": "the tiny preset's"}
     assert load(tiny_run / "mars.pt")["mars"]["B"] == 4
+    # one config, resolved once: both stages save the command line's, which the tiny preset leaves nothing to derive
+    argv = ["--preset", "tiny", "--out_dir", str(tiny_run), "--stage", "all", "--device", "cpu"]
+    assert load(tiny_run / "ar.pt")["train_config"] == load(tiny_run / "mars.pt")["train_config"] \
+        == vars(config.get_args(argv))
     summary = json.loads((tiny_run / "summary.json").read_text())
     assert [r["threshold"] for r in summary] == [None, 1.0, 0.9]
     # MARS at tau = 1.0 is one token per forward
@@ -314,14 +318,17 @@ def test_control_and_ablation_stages(tmp_path):
 
 def test_bf16_autocast_on_cpu_both_stages(tmp_path):
     """The mixed-precision path runs on any device: a few steps of each stage under bf16 autocast."""
-    proc = run_cli(["train.py", *SHORT, "--ar_iters", "3", "--mars_iters", "3", "--dtype", "bfloat16",
+    proc = run_cli(["train.py", *SHORT, "--ar_iters", "3", "--mars_iters", "3", "--precision", "bfloat16",
                     "--summary_limit", "2", "--out_dir", tmp_path])
     assert proc.returncode == 0, proc.stderr
     for stage in ("ar", "mars"):
         ckpt = assert_checkpoint(tmp_path / f"{stage}.pt", stage)
-        assert ckpt["train_config"]["dtype"] == "bfloat16"
-        assert ckpt["train_config"]["precision"] == {"dtype": "bfloat16", "reason": "--dtype bfloat16"}
+        assert ckpt["train_config"]["precision"] == "bfloat16"
+        assert ckpt["train_config"]["precision_why"] == {"dtype": "bfloat16", "reason": "--precision bfloat16"}
         assert all(v.dtype == torch.float32 for v in ckpt["model"].values())  # autocast keeps fp32 weights
+    start = proc.stdout.index("config:")  # the config, printed once, before the first step
+    assert proc.stdout.count("config:") == 1 and start < proc.stdout.index("ar 3/3")
+    assert "precision=bfloat16" in proc.stdout[start:proc.stdout.index("ar 3/3")]
 
 
 def test_cpu_bf16_attention_takes_the_math_path_at_the_flash_kernels_loss_and_gradients():
@@ -358,8 +365,8 @@ def test_gpu_preset_takes_a_step_on_cpu(tmp_path):
     assert proc.returncode == 0, proc.stderr
     ckpt = assert_checkpoint(tmp_path / "ar.pt", "ar")
     assert ckpt["model_config"]["n_layer"] == 8 and ckpt["model_config"]["n_embd"] == 512
-    precision = ckpt["train_config"]["precision"]  # the preset leaves it to the probe
-    assert ckpt["train_config"]["dtype"] == precision["dtype"] and precision["float32_ms"] > 0
+    why = ckpt["train_config"]["precision_why"]  # the preset leaves it to the probe
+    assert ckpt["train_config"]["precision"] == why["dtype"] and why["float32_ms"] > 0
 
 
 # A CPU without native bf16, emulated on one with it: torch's, oneDNN's and MKL's kernels limited to AVX2
@@ -368,23 +375,23 @@ NO_NATIVE_BF16 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="AVX2 is an x86 instruction set")
-def test_precision_probe_picks_float32_without_native_bf16_and_dtype_forces(tmp_path):
-    """--dtype auto times both precisions on the model's shapes and, where bf16 is slow, trains in float32:
+def test_precision_probe_picks_float32_without_native_bf16_and_the_flag_forces(tmp_path):
+    """--precision auto times both precisions on the model's shapes and, where bf16 is slow, trains in float32:
     the log says so with the timings and the CPU's capability, and the checkpoint and the stage log record
-    them. --dtype bfloat16 still trains in bf16 there."""
+    them. --precision bfloat16 still trains in bf16 there."""
     cmd = ["train.py", "--preset", "tiny", "--stage", "ar", "--ar_iters", "2", "--summary_limit", "0"]
-    proc = run_cli(cmd + ["--dtype", "auto", "--out_dir", tmp_path / "auto"], env=NO_NATIVE_BF16)
+    proc = run_cli(cmd + ["--precision", "auto", "--out_dir", tmp_path / "auto"], env=NO_NATIVE_BF16)
     assert proc.returncode == 0, proc.stderr
     cfg = load(tmp_path / "auto" / "ar.pt")["train_config"]
-    assert cfg["dtype"] == cfg["precision"]["dtype"] == "float32"
-    assert cfg["precision"]["device"] == "CPU capability AVX2"
-    assert cfg["precision"]["bfloat16_ms"] > cfg["precision"]["float32_ms"] > 0
+    assert cfg["precision"] == cfg["precision_why"]["dtype"] == "float32"
+    assert cfg["precision_why"]["device"] == "CPU capability AVX2"
+    assert cfg["precision_why"]["bfloat16_ms"] > cfg["precision_why"]["float32_ms"] > 0
     line = next(line for line in proc.stdout.splitlines() if line.startswith("precision:"))
     assert line.startswith("precision: float32") and "AVX2" in line and " ms" in line
-    assert json.loads((tmp_path / "auto" / "ar_log.json").read_text())[-1]["precision"] == cfg["precision"]
-    proc = run_cli(cmd + ["--dtype", "bfloat16", "--out_dir", tmp_path / "forced"], env=NO_NATIVE_BF16)
+    assert json.loads((tmp_path / "auto" / "ar_log.json").read_text())[-1]["precision"] == cfg["precision_why"]
+    proc = run_cli(cmd + ["--precision", "bfloat16", "--out_dir", tmp_path / "forced"], env=NO_NATIVE_BF16)
     assert proc.returncode == 0, proc.stderr
-    assert load(tmp_path / "forced" / "ar.pt")["train_config"]["dtype"] == "bfloat16"
+    assert load(tmp_path / "forced" / "ar.pt")["train_config"]["precision"] == "bfloat16"
     assert "precision:" not in proc.stdout  # nothing measured
 
 
@@ -431,21 +438,18 @@ def test_a_gpu_without_bf16_trains_in_float32_unprobed(monkeypatch):
     """A GPU without native bf16 (a T4) trains in float32, not probed, and the log and the record say why and
     name the GPU. The check asks for native bf16: by default torch counts a T4's emulation as support. On a CPU
     the probe still decides, whatever CUDA would say."""
-    asked, said = [], []
+    asked = []
     monkeypatch.setattr(precision.torch.cuda, "is_bf16_supported", lambda **kw: asked.append(kw) or False)
     monkeypatch.setattr(precision.torch.cuda, "get_device_name", lambda device=None: f"Tesla T4 ({device})")
     monkeypatch.setattr(precision, "probe", lambda *a, **k: pytest.fail("a GPU without bf16 was probed"))
-    args = SimpleNamespace(device="cuda:1", dtype="auto", precision=None)
-    precision.choose_dtype(args, None, 1, said.append)
-    assert asked == [{"including_emulation": False}] and args.dtype == "float32"
-    assert args.precision == {"dtype": "float32", "device": "Tesla T4 (cuda:1)", "reason": "Tesla T4 (cuda:1) has "
-                              "no native bf16 (not probed), and fp16 would need loss scaling, which this project "
-                              "does not do"}
-    assert said == [f"precision: float32: {args.precision['reason']} (--dtype forces either)"]
+    why = precision.choose_dtype(SimpleNamespace(device="cuda:1"), None, 1)
+    assert asked == [{"including_emulation": False}]
+    assert why == {"dtype": "float32", "device": "Tesla T4 (cuda:1)", "reason": "Tesla T4 (cuda:1) has no native "
+                   "bf16 (not probed), and fp16 would need loss scaling, which this project does not do"}
     monkeypatch.setattr(precision, "probe", lambda *a, **k: (1.0, 0.5, 16))  # bf16 twice as fast
-    args = SimpleNamespace(device="cpu", dtype="auto", micro_batch=None, batch_size=16, max_seq_len=64)
-    precision.choose_dtype(args, None, 1, said.append)
-    assert args.dtype == "bfloat16" and args.precision["bfloat16_ms"] == 500 and len(asked) == 1
+    cpu = SimpleNamespace(device="cpu", micro_batch=None, batch_size=16, max_seq_len=64)
+    why = precision.choose_dtype(cpu, None, 1)
+    assert why["dtype"] == "bfloat16" and why["bfloat16_ms"] == 500 and len(asked) == 1
 
 
 def test_progress_prints_30_s_after_its_last_line(monkeypatch, capsys):
@@ -589,8 +593,7 @@ def test_run_eta_counts_what_follows_each_stage(splits):
     after_ar = train.work_after("ar", ["ar", "mars"], args, splits)
     after_mars = train.work_after("mars", ["ar", "mars"], args, splits)
     assert after_ar > train.STEP_TIME["mars"] * args.mars_iters > after_mars > 0
-    args.stage = "mars"
-    assert 0 < train.work_after("mars", ["mars"], args, splits) < after_mars
+    assert 0 < train.work_after("mars", ["mars"], args.replace(stage="mars"), splits) < after_mars
 
 
 def test_profile_train_writes_padding_and_profile(tmp_path):

@@ -136,12 +136,12 @@ def stage_figures(ckpt, history, device_name):
     half, last = history[len(history) // 2], history[-1]
     steady = (last["iter"] - half["iter"]) / max(last["elapsed_s"] - half["elapsed_s"], 1e-9) if len(history) > 1 \
         else last["iter"] / last["elapsed_s"]
-    tokens_per_s = steady * cfg["batch_size"] * row_tokens
+    batch = config.schedule_of(config.Config(**cfg), name)[0]  # the hf preset's follows the data
+    tokens_per_s = steady * batch * row_tokens
     positions = tokens_per_s * (2 if name == "mars" else 1)
     flops = 6 * parameters(ckpt["model_config"]) * positions
-    peak = peak_tflops(device_name, cfg["dtype"])
-    return {"stage": name, "steps": last["iter"], "batch_size": cfg["batch_size"],
-            "micro_batch": cfg["micro_batch"] or cfg["batch_size"], "row_tokens": round(row_tokens, 1),
+    peak = peak_tflops(device_name, cfg["precision"])
+    return {"stage": name, "steps": last["iter"], "batch_size": batch, "micro_batch": cfg["micro_batch"] or batch, "row_tokens": round(row_tokens, 1),
             "loop_seconds": last["elapsed_s"], "steps_per_s": round(last["iter"] / last["elapsed_s"], 3),
             "steady_steps_per_s": round(steady, 3), "tokens_per_s": round(tokens_per_s),
             "tflops": round(flops / 1e12, 3), "utilization": peak and round(flops / 1e12 / peak, 4)}
@@ -156,7 +156,7 @@ def training_run(name, argv, out_dir, stages, device_name, device):
         figures.append(stage_figures(ckpt, ckpt["history"], device_name))
     micro = max(s["micro_batch"] for s in figures)
     result = {"run": name, "command": shlex.join(["python", "train.py", *argv]),
-              "precision": ckpt["train_config"]["precision"], "seconds": round(seconds, 2), "stages": figures,
+              "precision": ckpt["train_config"]["precision_why"], "seconds": round(seconds, 2), "stages": figures,
               "peak_memory_gib": peak, "peak_memory_per_row_mib": peak and round(1024 * peak / micro, 1)}
     print(f"{name}: {json.dumps(result)}", flush=True)
     return result

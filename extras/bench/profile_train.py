@@ -55,7 +55,7 @@ def padding(stage, n_batches, seed=0):
     for stage 2 also without leaving out the noisy prompt blocks (the [noisy | clean] input in full)."""
     m, g, real, left_out = Counter(stage.tok.n_vocab), torch.Generator().manual_seed(seed), 0, 0
     for _ in range(n_batches):
-        rows = [stage.seqs[i] for i in data.draw_batch(stage.buckets, stage.args.batch_size, g)]
+        rows = [stage.seqs[i] for i in data.draw_batch(stage.buckets, stage.batch_size, g)]
         x, y = data.make_batch(rows, stage.tok.eot, stage.multiple)
         stage.loss(m, x, y)
         lengths = [len(ids) + (-len(ids) % stage.multiple) - 1 for ids, _ in rows]  # a row's inputs
@@ -88,7 +88,7 @@ def phases(stage):
     _, t_bwd = timed(loss.backward)
 
     def update():
-        torch.nn.utils.clip_grad_norm_(stage.raw_model.parameters(), stage.args.grad_clip)
+        torch.nn.utils.clip_grad_norm_(stage.raw_model.parameters(), stage.cfg.grad_clip)
         stage.optimizer.step()
         stage.optimizer.zero_grad(set_to_none=True)
     _, t_opt = timed(update)
@@ -138,9 +138,9 @@ def main(argv=None):
     command = " ".join(["python -m extras.bench.profile_train", *(sys.argv[1:] if argv is None else argv)])
     load_before, where = os.getloadavg()[0], machine()  # torch's default threads here; each row sets its own
     targs = config.get_args(["--preset", args.preset, "--device", "cpu", "--out_dir", tempfile.mkdtemp(),
-                             "--dtype", "float32"])  # each setting below sets its own autocast
+                             "--precision", "float32"])  # each setting below sets its own autocast
     torch.manual_seed(0)
-    net, tok, splits, _ = train.start_stage("ar", None, targs, None, print)
+    net, tok, splits, _, _ = train.start_stage("ar", None, targs, None, print)
     stages = {name: train.Stage(name, net, tok, splits, targs, (0, 1)) for name in ("ar", "mars")}
     rows, buckets = [], {name: s.buckets for name, s in stages.items()}
     for name, s in stages.items():

@@ -35,7 +35,7 @@ import torch
 import data
 import engine
 from checkpoint import UserError, load_checkpoint, model_from_checkpoint
-from config import Parser, add_device, run_cli, threshold
+from config import Config, Parser, add_device, run_cli, schedule_of, threshold
 from extras.bench.stats import wilson
 from extras.real import checks
 from extras.real.distill import decode_all
@@ -251,11 +251,13 @@ def report(result):
 def training(ckpt):
     """What the result records of the training run: its steps, time, recipe and validation losses."""
     config, history = ckpt["train_config"], ckpt.get("history") or [{}]
+    batch, steps, lr = schedule_of(Config(**config), ckpt["stage"])  # the hf preset's follow the data
     return {"steps": ckpt["iter"], "seconds": history[-1].get("elapsed_s"),
             "validation": [{k: round(h[k], 4) if k != "iter" else h[k] for k in ("iter", "val_loss", "val_noisy",
                             "val_clean") if k in h} for h in history if "val_loss" in h],
-            **{k: config.get(k) for k in ("batch_size", "micro_batch", "max_seq_len", "mars_lr", "mars_iters",
-                                          "warmup", "ar_weight", "mask_row", "dtype", "data")}}
+            "batch_size": batch, "mars_iters": steps, "mars_lr": lr,
+            **{k: config.get(k) for k in ("micro_batch", "max_seq_len", "warmup", "ar_weight", "mask_row", "precision",
+                                          "data")}}
 
 
 class Clock:
