@@ -1,4 +1,4 @@
-"""The one batched decoder: every decoding rule of the project, once.
+"""The batched engine: every decoding rule of the project, once.
 
 sample.generate is the paper's loop for one prompt, written to be read; this is the same loop for many
 requests at once, as sample.py's batches, extras.bench.eval and extras.serving.serve run it (a test checks that at batch 1
@@ -89,7 +89,7 @@ def decode_step(model, requests, kv, mask_id, *, temperature=0.0, metric="prob",
     own = torch.arange(int(reads.max()), device=device) < reads  # (rows, n_read): the row's reads, then padding
     logits = flat.new_zeros(len(requests), own.shape[1], flat.shape[-1])
     logits[own] = flat  # row-major order on both sides
-    tokens, conf = mars.choose(banned(logits, mask_id, n_vocab), temperature, metric, generator)
+    tokens, conf = choose(banned(logits, mask_id, n_vocab), temperature, metric, generator)
     return tokens, conf * own
 
 
@@ -100,6 +100,46 @@ def banned(logits, mask_id, n_vocab):
         logits[..., n_vocab:] = float("-inf")
     return logits
 
+
+# ---------------------------------------------------------------------------
+# Beyond the paper's greedy rule: the tools of sample.py's flags, extras.bench.eval and the servers
+
+METRICS = ("prob", "entropy", "margin")  # the confidences sample.py --metric offers, extras.bench.eval sweeps
+
+
+def choose(logits, temperature=0.0, metric="prob", generator=None):
+    """mars.choose (the paper's greedy rule, argmax and its probability) unless a tool asks for more: a token drawn
+    at temperature > 0 (sample.py --temperature, the server), or another confidence metric (--metric)."""
+    if temperature == 0 and metric == "prob":
+        return mars.choose(logits)
+    logits = logits.float()
+    tokens = logits.argmax(-1) if temperature == 0 else gumbel_max(logits, temperature, generator)
+    probs = logits.softmax(-1)
+    return tokens, probs.gather(-1, tokens[..., None])[..., 0] if metric == "prob" else other_confidence(probs, metric)
+
+
+def gumbel_max(logits, temperature, generator=None):
+    """A token drawn from softmax(logits / T) (Gumbel-max), for --temperature. The confidence stays the untempered
+    softmax's, as in the official sampler: T changes the token, not tau's scale."""
+    u = torch.rand(logits.shape, generator=generator, device=logits.device)
+    return (logits / temperature - torch.log(-torch.log(u.clamp_min(1e-20)))).argmax(-1)
+
+
+def other_confidence(probs, metric):
+    """The confidences --metric compares, on the scale of prob, so that one rule, conf >= tau, serves all:
+      margin:  top-1 minus top-2 probability
+      entropy: 1 - H(p) / log(vocab)"""
+    if metric == "margin":
+        top2 = probs.topk(2, dim=-1).values
+        return top2[..., 0] - top2[..., 1]
+    if metric == "entropy":
+        h = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+        return 1 - h / math.log(probs.shape[-1])
+    raise ValueError(f"unknown confidence metric {metric!r}; choose from {METRICS}")
+
+
+# ---------------------------------------------------------------------------
+# Committing
 
 def through_eot(tokens, eot_id):
     """tokens up to and including the first <|endoftext|>: a sequence ends there."""
@@ -130,13 +170,11 @@ def lossless_commit(preds, drafts):
     return drafts[:m] + [preds[m]], preds[len(drafts) + 1:] if m == len(drafts) else []
 
 
-def kv_slots(prompts, max_seq, max_new_tokens, B, cache, B_cache):
-    """KV-cache slots a batch of prompts can need: a row caches at most its final length - 1, then a forward writes
-    the widest row's window: 2B - 1 sliding (new tokens or drafts, B - 1 masks), B_cache + 1 for the block cache
-    (or 2B - 1 if wider: under masks="auto" it slides)."""
-    longest = max(min(len(p) + max_new_tokens, max_seq) for p in prompts)
-    widest = max(B_cache + 1 if cache == "block" else 0, 2 * B - 1)
-    return longest - 1 + widest
+def kv_slots(longest, B, cache, B_cache):
+    """KV-cache slots a row can need: it caches at most longest - 1 (longest: the most positions it fills), then a
+    forward writes the widest row's window: 2B - 1 sliding (new tokens or drafts, B - 1 masks), B_cache + 1 for the
+    block cache (or 2B - 1 if wider: under masks="auto" it slides)."""
+    return longest - 1 + max(B_cache + 1 if cache == "block" else 0, 2 * B - 1)
 
 
 @dataclass
@@ -153,20 +191,20 @@ class BlockCache:
     def filling(requests):  # between two writes
         return any(len(r.ids) < r.end for r in requests)
 
-    def step(self, decoder):
+    def step(self, engine):
         """One forward, a write or an inner one; returns its window width."""
-        requests, full = decoder.running, not self.filling(decoder.running)
+        requests, full = engine.running, not self.filling(engine.running)
         for r in requests:
-            r.n_masks = 0 if full or not mars.masks_to_feed(decoder.B, r.tau) else max(r.end - len(r.ids) - 1, 0)
-        tokens, conf, width = decoder.forward()
+            r.n_masks = 0 if full or not mars.masks_to_feed(engine.B, r.tau) else max(r.end - len(r.ids) - 1, 0)
+        tokens, conf, width = engine.forward()
         self.wrote = full
-        committed = [commit(r, new, decoder.eot_id, past_eot=True) if len(r.ids) < r.end else []  # a full request waits
-                     for r, (new, _) in zip(requests, decoder.commits(tokens, conf))]
+        committed = [commit(r, new, engine.eot_id, past_eot=True) if len(r.ids) < r.end else []  # a full request waits
+                     for r, (new, _) in zip(requests, engine.commits(tokens, conf))]
         if self.wrote:  # everything fed is cached but the last token, which opens the next windows
             for r in requests:
                 r.cached = len(r.ids) - 1
                 r.end = len(r.ids) + min(self.B_cache, r.left)
-        decoder.settle(committed)
+        engine.settle(committed)
         return width
 
 
@@ -181,14 +219,15 @@ class Engine:
         if cache not in CACHE_MODES or masks not in MASK_MODES or graphs not in (None, *GRAPH_MODES):
             raise ValueError(f"cache: one of {CACHE_MODES}, masks: one of {MASK_MODES}, graphs: one of {GRAPH_MODES}")
         self.model, self.eot_id, self.mask_id, self.B = model, eot_id, mask_id, B
-        self.max_batch, self.max_new_tokens, self.max_accept, self.trace = max_batch, max_new_tokens, max_accept, trace
+        self.max_batch, self.max_new_tokens, self.trace = max_batch, max_new_tokens, trace
+        self.max_accept = max_accept  # a cap on the tokens a forward commits: a tool (sample.py --max_accept)
         self.sampling = dict(temperature=temperature, metric=metric, n_vocab=n_vocab)
         # masks="auto" (beyond the paper) writes at every forward: a committed token's K/V will not change (causal
         # attention), and keeping it out only feeds it again; so under auto the block cache is the sliding cache.
         self.block_cache = BlockCache(B_cache) if cache == "block" and masks == "fixed" else None
         # prompt + answer: the model's context, or less (a 32k context would size a 32k cache per row)
         self.max_seq = min(model.config.max_seq_len, max_context or model.config.max_seq_len)
-        slots = cache_len or 2 * self.max_seq + max(2 * B, B_cache + 1)  # a joining prompt pads every window
+        slots = cache_len or kv_slots(2 * self.max_seq, B, cache, B_cache)  # a joining prompt pads every window
         # CUDA graphs by default on CUDA, with a cache (masks="auto" sizes its windows on the eager step's profile)
         graphs = graphs or ("captured" if model.wte.weight.is_cuda and masks == "fixed" else "off")
         self.graphs = None if cache == "none" or graphs == "off" else lend_graphs(self, slots, graphs == "compiled")
@@ -217,8 +256,7 @@ class Engine:
         n = min(len(self.waiting), self.max_batch - len(self.running))
         for _ in range(n):
             r = self.waiting.popleft()
-            if len(r.prompt) >= self.max_seq:
-                raise ValueError(f"prompt of {len(r.prompt)} tokens does not fit the model's context of {self.max_seq}")
+            mars.check_room(r.prompt, self.max_seq)
             r.ids = list(r.prompt)
             r.left = min(r.max_new_tokens or self.max_new_tokens, self.max_seq - len(r.prompt))
             self.running.append(r)
@@ -256,10 +294,10 @@ class Engine:
 
     def commits(self, tokens, conf):
         """Each request's commit: lossless verification, or mars.accept under its own tau, never past its own
-        reads (a tau that rounds to 0 in float32 would otherwise take the padding)."""
-        taus = torch.tensor([r.tau for r in self.running], dtype=torch.float32, device=conf.device)
-        reads = torch.tensor([n_reads(r) for r in self.running], device=conf.device)
-        n = torch.minimum(mars.accept(conf, taus, self.max_accept), reads)
+        reads (a tau that rounds to 0 in float32 would otherwise take the padding) nor past max_accept."""
+        taus = torch.tensor([[r.tau] for r in self.running], dtype=torch.float32, device=conf.device)
+        most = torch.tensor([min(n_reads(r), self.max_accept or n_reads(r)) for r in self.running], device=conf.device)
+        n = torch.minimum(mars.accept(conf, taus), most)
         per_request = torch.cat([n[:, None], tokens], dim=1).tolist()
         out = [lossless_commit(preds[:n_reads(r)], r.drafts) if r.lossless else (preds[:k], [])
                for r, (k, *preds) in zip(self.running, per_request)]
@@ -310,18 +348,19 @@ def generate_batch(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="slid
     if not prompts:
         return []
     taus = [float(t) for t in tau] if hasattr(tau, "__len__") else [float(tau)] * len(prompts)
-    slots = kv_slots(prompts, model.config.max_seq_len, max_new_tokens, B, cache, B_cache)
-    decoder = Engine(model, eot_id, mask_id, B, len(prompts), max_new_tokens, cache=cache, B_cache=B_cache,
+    longest = max(min(len(p) + max_new_tokens, model.config.max_seq_len) for p in prompts)
+    slots = kv_slots(longest, B, cache, B_cache)
+    engine = Engine(model, eot_id, mask_id, B, len(prompts), max_new_tokens, cache=cache, B_cache=B_cache,
                      cache_len=slots, **options)
     requests = [Request(list(p), tau=t, lossless=lossless, index=i) for i, (p, t) in enumerate(zip(prompts, taus))]
-    decoder.waiting.extend(requests)
+    engine.waiting.extend(requests)
     t0 = clock(model)
     try:
-        while decoder.backlog:
-            decoder.step()
+        while engine.backlog:
+            engine.step()
     finally:
-        if decoder.graphs:  # the next call's engine borrows them
-            decoder.graphs.holder = None
+        if engine.graphs:  # the next call's engine borrows them
+            engine.graphs.holder = None
     seconds = clock(model) - t0
     for r in requests:
         r.seconds = seconds
@@ -340,6 +379,30 @@ def decode_examples(model, tok, examples, batch_size=64, **decode):
 
 
 # ---------------------------------------------------------------------------
+# sample.py's route to the engine, taken where one of its engine flags is given (sample.ENGINE_FLAGS)
+
+def checked(p, args):
+    """Refuses sample.py's engine flags that cannot run, or not together (p.error: one line)."""
+    if args.metric not in METRICS:
+        p.error(f"--metric: choose from {', '.join(METRICS)}, not {args.metric!r}")
+    if args.temperature < 0:
+        p.error("--temperature must be >= 0")
+    if args.ar and args.lossless:
+        p.error("--ar and --lossless decode differently; choose one")
+    if args.lossless and args.temperature > 0:
+        p.error("--lossless is greedy: it reproduces --ar exactly, so --temperature does not apply")
+
+
+def route(args, model, tok, B):
+    """sample.py's engine route: its label (which decodes, and why), and decode(examples, tau) as decode_examples."""
+    options = dict(B=B, cache=args.cache, B_cache=args.B_cache, lossless=args.lossless, metric=args.metric,
+                   temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens,
+                   masks=args.masks)
+    label = {"route": "engine", "why": f"sample.generate does not take {', '.join(args.engine_flags)}"}
+    return label, lambda examples, tau: decode_examples(model, tok, examples, args.batch_size, tau=tau, **options)
+
+
+# ---------------------------------------------------------------------------
 # CUDA graphs: decode_step's greedy forward at fixed shapes, replayed (the engine's default on CUDA)
 
 def chosen(model, cache, inputs, n_read, mask_id, n_vocab, metric):
@@ -351,7 +414,7 @@ def chosen(model, cache, inputs, n_read, mask_id, n_vocab, metric):
     cols = torch.arange(ids.shape[1], device=ids.device)
     at = (u - 1 + cols[:n_read]).clamp(max=ids.shape[1] - 1)  # past a row's reads: any column, then zeroed
     logits = model(ids, positions=cached + cols, cache=cache, logits_at=at)
-    tokens, conf = mars.choose(banned(logits, mask_id, n_vocab), 0.0, metric)
+    tokens, conf = choose(banned(logits, mask_id, n_vocab), 0.0, metric)
     own = cols[:n_read] < reads
     return tokens * own, conf * own
 

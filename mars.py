@@ -7,7 +7,6 @@ token q+1 for real tokens and masks alike ("right-shifted logits"); B is the
 MARS block size; tau the acceptance threshold; ar_weight the paper's alpha.
 """
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -101,15 +100,12 @@ def ar_loss(model, x, y, per_sequence=False, soft=None):
 # ---------------------------------------------------------------------------
 # Inference (paper section "Inference"): which predictions of a window to commit
 
-def choose(logits, temperature=0.0, metric="prob", generator=None):
-    """Tokens and their confidence in [0, 1] for logits (..., vocab): the paper's rule is greedy, each
-    position's argmax and its probability. temperature and metric are tools (the last section)."""
+def choose(logits):
+    """The paper's greedy rule, for logits (..., vocab): each position's argmax, and its probability as the
+    confidence."""
     logits = logits.float()
-    tokens = logits.argmax(-1) if temperature == 0 else gumbel_max(logits, temperature, generator)
-    probs = logits.softmax(-1)
-    if metric == "prob":
-        return tokens, probs.gather(-1, tokens[..., None])[..., 0]
-    return tokens, other_confidence(probs, metric)
+    tokens = logits.argmax(-1)
+    return tokens, logits.softmax(-1).gather(-1, tokens[..., None])[..., 0]
 
 
 def masks_to_feed(B, tau):
@@ -118,22 +114,28 @@ def masks_to_feed(B, tau):
     return B - 1 if tau < 1 else 0
 
 
-def accept(conf, tau, max_accept=None):
+def check_room(prompt, max_seq):
+    """A prompt must leave its answer room in the model's context of max_seq tokens: else a ValueError (the
+    command line's one-line error), for sample.py's loop and the engine alike."""
+    if len(prompt) >= max_seq:
+        raise ValueError(f"prompt of {len(prompt)} tokens does not fit the model's context of {max_seq}")
+
+
+def accept(conf, tau):
     """How many predictions of each window to commit: (b, B) confidences -> (b,). The first
     prediction (the last real token's, i.e. the AR prediction) is always committed; then
     predictions 2, 3, ... left to right while conf >= tau, stopping at the first that falls short.
     tau >= 1 commits exactly one token: a float32 probability can round to 1.0, and conf >= 1.0
-    would take more."""
-    tau = torch.as_tensor(tau, dtype=conf.dtype, device=conf.device).reshape(-1, 1)  # or one per row: the engine's
+    would take more. tau: a number, or (b, 1), one per row (the engine's requests)."""
+    tau = torch.as_tensor(tau, dtype=conf.dtype, device=conf.device)  # compared in conf's precision
     ok = (conf >= tau) & (tau < 1)
     ok[:, 0] = True
-    n = ok.long().cumprod(dim=1).sum(dim=1)
-    return n if max_accept is None else n.clamp(max=max_accept)  # a cap: sample.py's --max_accept, a tool
+    return ok.long().cumprod(dim=1).sum(dim=1)
 
 
 # ---------------------------------------------------------------------------
-# Beyond the paper: the ablations train.py offers and the engine's and command lines' knobs. A reader of the
-# method need not read on; each exists for the one user it names.
+# Beyond the paper: the ablations and options train.py offers (decoding's tools live in engine.py). A reader
+# of the method need not read on; each exists for the one user it names.
 
 @dataclass(frozen=True)
 class Beyond:
@@ -149,29 +151,6 @@ def end_padding(y, eot_id):
     train.py --clean_padding drop leaves out of the clean stream and --targets soft keeps one-hot."""
     eot = y == eot_id
     return eot & (eot.cumsum(1) > 1)
-
-
-METRICS = ("prob", "entropy", "margin")
-
-
-def gumbel_max(logits, temperature, generator=None):
-    """A token drawn from softmax(logits / T) (Gumbel-max), for the server's and sample.py's --temperature. The
-    confidence stays the untempered softmax's, as in the official sampler: T changes the token, not tau's scale."""
-    u = torch.rand(logits.shape, generator=generator, device=logits.device)
-    return (logits / temperature - torch.log(-torch.log(u.clamp_min(1e-20)))).argmax(-1)
-
-
-def other_confidence(probs, metric):
-    """The confidences sample.py --metric compares (extras/bench/eval.py sweeps them), on the scale of prob:
-      margin:  top-1 minus top-2 probability
-      entropy: 1 - H(p) / log(vocab), so that one rule, conf >= tau, serves all"""
-    if metric == "margin":
-        top2 = probs.topk(2, dim=-1).values
-        return top2[..., 0] - top2[..., 1]
-    if metric == "entropy":
-        h = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
-        return 1 - h / math.log(probs.shape[-1])
-    raise ValueError(f"unknown confidence metric {metric!r}; choose from {METRICS}")
 
 
 def no_sft_weights(b, generator=None, device="cpu", eps=1e-3):

@@ -8,7 +8,7 @@
 
 `generate` below is the paper's loop for one prompt; read it first. The command line runs it whenever
 it can, else engine.py, the same loop for many prompts at once (tests check that both commit the same
-tokens in the same forwards), and says which ran and why (`decoder`).
+tokens in the same forwards), and says which ran and why (`route`).
 """
 import argparse
 import json
@@ -96,6 +96,8 @@ def generate_many(model, prompts, eot_id, mask_id, B, tau=0.9, max_new_tokens=64
 # The command line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# sample.generate takes none of these: given one, engine.py decodes (its flags in --help)
+ENGINE_FLAGS = ("batch_size", "cache", "lossless", "temperature", "metric", "max_accept", "masks")
 
 
 def get_args(argv=None):
@@ -106,44 +108,44 @@ def get_args(argv=None):
     p.add_argument("--chat", action="store_true", help="interactive: one prompt per line; '/tau 0.8' sets the threshold")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt instead of text")
     p.add_argument("--ar", action="store_true", help="plain AR decoding with KV cache (works with any checkpoint)")
-    p.add_argument("--lossless", action="store_true",
-                   help="self-speculative: several tokens per forward, output identical to --ar (greedy)")
     p.add_argument("--threshold", "--tau", dest="tau", type=threshold, default=0.9,
                    help="tau in (0, 1]: commit predictions while their confidence >= tau; 1.0 = one token per forward")
-    p.add_argument("--metric", choices=mars.METRICS, default="prob",
-                   help="confidence: prob of the token (default), margin top1-top2, or 1 - normalised entropy")
-    p.add_argument("--B", type=int, default=None, help="the paper's block size B: predictions per forward, B - 1 of "
-                   "them from mask tokens (default: the checkpoint's; on an AR checkpoint its masks are untrained, "
-                   "exact at tau 1.0 and with --lossless)")
-    p.add_argument("--max_accept", type=int, default=None, help="commit at most this many tokens per forward")
-    p.add_argument("--cache", choices=("none", "sliding", "block"), default="sliding",
-                   help="KV cache: sliding (default, fastest), block (the paper's block-level cache), none (reference)")
-    p.add_argument("--B_cache", type=int, default=16, help="the paper's B_cache (--cache block, the paper's "
-                   "block-level cache): positions filled between two cache writes (default 16)")
-    p.add_argument("--masks", choices=("fixed", "auto"), default="fixed", help="mask tokens per forward: fixed "
-                   "(default, the paper's) B - 1; auto: as many as pay for what they cost here (cost.py), so outputs "
-                   "vary; under --cache block auto writes at every forward, as the sliding cache does")
-    p.add_argument("--batch_size", type=int, default=1, help="prompts decoded together (default 1)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (Gumbel-max)")
+    p.add_argument("--B", type=int, default=None, help="the paper's block size B: predictions per forward, B - 1 "
+                   "from masks (default: the checkpoint's; an AR checkpoint's are untrained: exact at tau 1.0, lossless)")
     p.add_argument("--max_new_tokens", type=int, default=64, help="stop after this many tokens (default 64)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling")
     add_device(p)
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights and activations: float32 "
                    "(default), bfloat16 or float16 (to serve a real model on a GPU)")
+    e = p.add_argument_group("the engine's flags", "generate takes none: given one, engine.py decodes (the same loop, "
+                             "batched, with these tools)")
+    e.add_argument("--batch_size", type=int, default=1, help="prompts decoded together (default 1)")
+    e.add_argument("--cache", choices=("none", "sliding", "block"), default="sliding",
+                   help="KV cache: sliding (default, fastest), block (the paper's block-level cache), none (reference)")
+    e.add_argument("--B_cache", type=int, default=16, help="the paper's B_cache, with --cache block: positions filled "
+                   "between two cache writes (default 16)")
+    e.add_argument("--lossless", action="store_true",
+                   help="self-speculative: several tokens per forward, output identical to --ar (greedy)")
+    e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (Gumbel-max)")
+    e.add_argument("--metric", default="prob", help="confidence: prob of the token (default), margin (top1 - top2), "
+                   "or entropy (1 - normalised entropy)")
+    e.add_argument("--max_accept", type=int, default=None, help="commit at most this many tokens per forward")
+    e.add_argument("--masks", choices=("fixed", "auto"), default="fixed", help="masks per forward: fixed (default, "
+                   "the paper's) B - 1; auto: as many as pay for their cost here (cost.py), so outputs vary; under "
+                   "--cache block, auto writes at every forward")
     return checked(p, p.parse_args(argv))
 
 
 def checked(p, args):
-    """Refuses flags that cannot run together or make no sense; fills the defaults that depend on the machine."""
+    """Refuses flags out of range (engine.checked those that cannot run together); notes the engine flags given."""
     for name in ("B", "B_cache", "batch_size", "max_new_tokens", "num_prompts", "max_accept"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
-    if args.temperature < 0:
-        p.error("--temperature must be >= 0")
-    if args.ar and args.lossless:
-        p.error("--ar and --lossless are different decoders; choose one")
-    if args.lossless and args.temperature > 0:
-        p.error("--lossless is greedy: it reproduces --ar exactly, so --temperature does not apply")
+    given = [n for n in ENGINE_FLAGS if getattr(args, n) != p.get_default(n)]
+    args.engine_flags = [f"--{n}" if n == "lossless" else f"--{n} {getattr(args, n)}" for n in given]
+    if given:  # the engine, only where a flag needs it
+        import engine
+        engine.checked(p, args)
     args.dtype = DTYPES[args.dtype]
     return args
 
@@ -152,29 +154,17 @@ def generate_examples(model, tok, examples, B, tau, max_new_tokens):
     """Yields (example, its output, whether it is right: None without an "answer"), from `generate`, one prompt
     at a time; the output has what show reads of an engine.Request (tokens, chunks, forwards, seconds)."""
     for e in examples:
-        prompt, max_seq = tok.prompt_ids(e["prompt"]), model.config.max_seq_len
-        if len(prompt) >= max_seq:  # as the engine refuses it
-            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the model's context of {max_seq}")
+        prompt = tok.prompt_ids(e["prompt"])
+        mars.check_room(prompt, model.config.max_seq_len)
         t0 = time.perf_counter()  # generate reads every forward's tokens back: the device is done when it returns
         out, chunks = generate(model, prompt, tok.eot, tok.mask, B, tau, max_new_tokens, tok.n_vocab)
         g = SimpleNamespace(tokens=out, chunks=chunks, forwards=len(chunks), seconds=time.perf_counter() - t0)
         yield e, g, data.check(e, tok.answer(out)) if "answer" in e else None
 
 
-def route(args):
-    """Which decodes this command, and why: `generate` (any tau; --ar is B = 1) unless a flag needs the engine."""
-    needs = {"--batch_size": args.batch_size != 1, "--cache": args.cache != "sliding", "--lossless": args.lossless,
-             "--temperature": args.temperature != 0, "--metric": args.metric != "prob",
-             "--max_accept": args.max_accept is not None, "--masks": args.masks != "fixed"}
-    flags = [f if f == "--lossless" else f"{f} {getattr(args, f[2:])}" for f, need in needs.items() if need]
-    if flags:
-        return {"decoder": "engine", "why": f"sample.generate does not take {', '.join(flags)}"}
-    return {"decoder": "paper loop", "why": "one prompt, greedy, sliding cache, prob rule, fixed masks"}
-
-
-def show(tok, example, g, correct, as_json, colour, ran):
+def show(tok, example, g, correct, as_json, colour, route):
     """One answer: the text, split into what each forward committed, and the statistics; for a held-out prompt
-    (its answer known) whether it is right, and if not, what was expected; in JSON, which decoder ran (ran)."""
+    (its answer known) whether it is right, and if not, what was expected; in JSON, which route ran."""
     n, text = len(g.tokens), tok.answer(g.tokens)
     # every forward the request took part in (the block cache's waits and writes too)
     stats = dict(tokens=n, forwards=g.forwards, tokens_per_forward=n / max(g.forwards, 1),
@@ -182,7 +172,7 @@ def show(tok, example, g, correct, as_json, colour, ran):
     if as_json:
         known = {} if correct is None else {"correct": correct}
         print(json.dumps({"prompt": example["prompt"], "text": text, **stats, **known,
-                          "chunks": [tok.decode(c) for c in g.chunks], "ids": g.tokens, **ran}))
+                          "chunks": [tok.decode(c) for c in g.chunks], "ids": g.tokens, **route}))
         return correct
     pieces = [tok.answer(c) for c in g.chunks]
     # two alternating colours on a terminal, else "|": one piece per forward
@@ -225,21 +215,21 @@ def main(argv=None):
     if not (args.ar or args.B or "mars" in ckpt):  # --B: untrained masks, which tau = 1.0 and --lossless make exact
         raise UserError(f"{args.ckpt} is an AR checkpoint (no MARS block size): use --ar, --B, or a MARS checkpoint")
     B = 1 if args.ar else args.B or ckpt["mars"]["B"]
-    decode = dict(B=B, cache=args.cache, B_cache=args.B_cache, lossless=args.lossless, metric=args.metric,
-                  temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens,
-                  masks=args.masks)
-    colour, ran = sys.stdout.isatty(), route(args)
+    if args.engine_flags:
+        import engine
+        route, decode = engine.route(args, model, tok, B)
+    else:
+        route = {"route": "paper loop", "why": "one prompt, greedy, sliding cache, prob rule, fixed masks"}
+
+        def decode(examples, tau):
+            return generate_examples(model, tok, examples, B, tau, args.max_new_tokens)
+    colour = sys.stdout.isatty()
     if not args.json:  # a JSON object names it itself
-        print(f"decoder: {ran['decoder']} ({ran['why']})\n")
+        print(f"route: {route['route']} ({route['why']})\n")
 
     def answer(examples, tau):
         """Decode and show each example ({"prompt"}, with "answer" when known); returns how many came out right."""
-        if ran["decoder"] == "paper loop":
-            done = generate_examples(model, tok, examples, B, tau, args.max_new_tokens)
-        else:  # the engine's route: only where a flag needs it
-            import engine
-            done = engine.decode_examples(model, tok, examples, args.batch_size, tau=tau, **decode)
-        return sum(bool(show(tok, e, g, ok, args.json, colour, ran)) for e, g, ok in done)
+        return sum(bool(show(tok, e, g, ok, args.json, colour, route)) for e, g, ok in decode(examples, tau))
 
     if args.chat:
         return chat(answer, args.tau, f"{args.ckpt} (B={B})")

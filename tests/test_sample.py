@@ -234,7 +234,7 @@ def test_per_request_tau(m, ar_out):
     assert toks(gen(m, B=4, tau=torch.tensor(taus))) == toks(gen(m, B=4, tau=taus))
 
 
-@pytest.mark.parametrize("metric", mars.METRICS)
+@pytest.mark.parametrize("metric", engine.METRICS)
 def test_metrics(m, ar_out, metric):
     assert toks(gen(m, B=4, tau=1.0, metric=metric)) == ar_out
     gens = gen(m, B=4, tau=0.5, metric=metric)
@@ -315,8 +315,11 @@ def test_ragged_batches_near_the_context_limit_fit_the_kv_cache(m, monkeypatch):
             assert all(len(p) + len(g.tokens) <= 64 for p, g in zip(prompts, gens))
     assert all(need <= slots for need, slots in spy.needs)
     # sized from the prompts, not from the context alone: short prompts get a short cache
-    assert engine.kv_slots([[1] * 5], 32768, 64, 4, "sliding", 16) == 5 + 64 - 1 + 7
-    assert engine.kv_slots([[1] * 5, [1] * 60], 64, 40, 4, "block", 16) == 64 - 1 + 17
+    spy.needs.clear()
+    gen(m, [[1] * 5], B=4, tau=0.3, max_new_tokens=8)
+    assert {slots for _, slots in spy.needs} == {5 + 8 - 1 + 7}
+    # an engine without a cache length (the server's) holds a full context and a joining prompt's padded window
+    assert engine.Engine(m, EOT, MASK, 4, 2, cache="block", B_cache=16).kv.max_len == 2 * 64 - 1 + 17
 
 
 def test_official_tokens_per_forward_counter(m):
@@ -359,6 +362,51 @@ def test_temperature_sampling_is_seeded(m):
     b = toks(gen(m, B=4, tau=0.5, temperature=1.0))
     assert a == b
     check_accounting(gen(m, B=4, tau=0.5, temperature=1.0))
+
+
+@pytest.mark.parametrize("metric", engine.METRICS)
+def test_choose_metrics(metric):
+    """engine.choose: mars.choose's argmax, with each metric's confidence on the scale of prob."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, V, generator=g) * 4
+    logits[0, 0] = -1e4
+    logits[0, 0, 3] = 1e4  # a certain prediction
+    logits[1, 0] = 0.0  # a uniform one
+    tokens, conf = engine.choose(logits, metric=metric)
+    assert tokens.shape == conf.shape == (3, 5)
+    assert torch.equal(tokens, logits.argmax(-1))
+    assert ((conf >= 0) & (conf <= 1 + 1e-6)).all()
+    assert conf[0, 0] > 0.999
+    expected_uniform = 1 / V if metric == "prob" else 0.0
+    assert abs(conf[1, 0].item() - expected_uniform) < 1e-5
+    p = logits.float().softmax(-1)
+    if metric == "prob":
+        torch.testing.assert_close(conf, p.max(-1).values)
+    elif metric == "margin":
+        top2 = p.topk(2, -1).values
+        torch.testing.assert_close(conf, top2[..., 0] - top2[..., 1])
+    else:
+        h = -(p * p.clamp_min(1e-30).log()).sum(-1)
+        torch.testing.assert_close(conf, 1 - h / torch.log(torch.tensor(float(V))))
+
+
+def test_choose_sampling_is_seeded_and_follows_the_distribution():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]]).expand(20000, 4)
+    tokens, conf = engine.choose(logits, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    again, _ = engine.choose(logits, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(tokens, again)
+    freq = torch.bincount(tokens, minlength=4).float() / 20000
+    torch.testing.assert_close(freq, logits[0].softmax(-1), atol=0.02, rtol=0)
+    torch.testing.assert_close(conf, logits[0].softmax(-1)[tokens])
+    # the temperature changes which token is drawn, never the softmax the confidence is read from
+    hot, hot_conf = engine.choose(logits, temperature=3.0, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(hot_conf, logits[0].softmax(-1)[hot])
+    assert not torch.equal(hot, tokens)
+
+
+def test_choose_unknown_metric_raises():
+    with pytest.raises(ValueError, match="metric"):
+        engine.choose(torch.randn(2, 3, 5), metric="nope")
 
 
 # ---------------------------------------------------------------------------

@@ -71,21 +71,21 @@ def test_batch_one_runs_the_papers_loop(tiny_run, monkeypatch):
     chunks and forwards. Batches and the other caches go to the engine, and every output says which decoded and why."""
     calls, generate = [], sample_py.generate
     monkeypatch.setattr(sample_py, "generate", lambda *a, **kw: calls.append(a) or generate(*a, **kw))
-    dropped = ("seconds", "tokens_per_second", "decoder", "why")
+    dropped = ("seconds", "tokens_per_second", "route", "why")
     timeless = lambda rows: [{k: v for k, v in r.items() if k not in dropped} for r in rows]
     for flags in (["--threshold", "0.5"], ["--threshold", "1.0"], ["--ar"]):
         args = ["--ckpt", tiny_run / "mars.pt", "--json", "--num_prompts", "6", *flags]
         calls.clear()
         loop = json_lines(sample(*args))
-        assert len(calls) == 6 and {r["decoder"] for r in loop} == {"paper loop"}, flags
+        assert len(calls) == 6 and {r["route"] for r in loop} == {"paper loop"}, flags
         for engine_flags in (["--batch_size", "2"], ["--cache", "none"]):
             rows = json_lines(sample(*args, *engine_flags))
             assert timeless(rows) == timeless(loop), (flags, engine_flags)
-            assert {(r["decoder"], r["why"]) for r in rows} == {("engine", f"sample.generate does not take "
+            assert {(r["route"], r["why"]) for r in rows} == {("engine", f"sample.generate does not take "
                                                                   f"{' '.join(engine_flags)}")}
         assert len(calls) == 6  # the engine decoded those
     text = sample("--ckpt", tiny_run / "mars.pt", "--num_prompts", "1", "--batch_size", "2", "--lossless").stdout
-    assert text.startswith("decoder: engine (sample.generate does not take --batch_size 2, --lossless)\n")
+    assert text.startswith("route: engine (sample.generate does not take --batch_size 2, --lossless)\n")
     assert loop[0]["forwards"] == loop[0]["tokens"] == len(loop[0]["chunks"])  # --ar: one token per forward
 
 

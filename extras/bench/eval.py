@@ -45,10 +45,9 @@ import sys
 import torch
 
 import data
-import mars
 from checkpoint import UserError, load_checkpoint, model_from_checkpoint
 from config import Parser, add_device, run_cli
-from engine import MASK_MODES, decode_examples, generate_batch
+from engine import MASK_MODES, METRICS, decode_examples, generate_batch
 from extras.bench.report import markdown, plot
 from extras.bench.stats import paired, wilson
 
@@ -365,7 +364,7 @@ def main(argv=None):
             a["label"] += f" ({a['ckpt']})"
     print("confidence metrics (first checkpoint)", file=sys.stderr)
     metrics = {"prob": sweep}
-    for metric in mars.METRICS:
+    for metric in METRICS:
         if metric != "prob":  # tau = 1.0 commits one token whatever the metric: share that row
             metrics[metric] = [sweep[0]] + [row("mars", tau, model, tok, B=B, tau=tau, metric=metric)
                                             for tau in taus[1:]]

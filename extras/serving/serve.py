@@ -10,7 +10,7 @@ The paper claims that under high load a MARS server "can increase throughput on 
 without swapping models or restarting", and never measures it. This is that experiment:
 
 1. The engine: continuous batching (iteration-level scheduling, as in Orca and vLLM)
-   in engine.py, the decoder every tool shares. Before every forward it
+   in engine.py, which every tool shares. Before every forward it
    admits waiting requests up to --max_batch; a new prompt is the uncached part of its
    row's window, so it is prefilled in the same forward as the others' steps; finished
    requests leave after it. Each request's tau is read at every step. A row at tau = 1.0
