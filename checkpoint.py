@@ -93,7 +93,8 @@ def model_from_checkpoint(ckpt, device="cpu", dtype=None):
     try:
         with torch.device("meta"):
             model = GPT(GPTConfig(**ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"], assign=True)
+        # checkpoints written before the layer list was named GPT.layers call it "blocks": the same weights
+        model.load_state_dict({k.replace("blocks.", "layers.", 1): v for k, v in ckpt["model"].items()}, assign=True)
     except (TypeError, RuntimeError) as e:  # a config field or a weight's name or shape this GPT does not have
         what = " ".join(str(e).split())[:200] or type(e).__name__  # one line: what does not fit
         raise UserError(f"this checkpoint does not fit this version's GPT ({what}): retrain it with python train.py") \

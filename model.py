@@ -1,4 +1,4 @@
-"""A GPT in one file: the decoder of Qwen2 and Llama (RMSNorm, SwiGLU MLP, rotary positions,
+"""A GPT in one file: the transformer of Qwen2 and Llama (RMSNorm, SwiGLU MLP, rotary positions,
 grouped-query attention) and a static KV cache; one class for our presets and real checkpoints
 (extras/checkpoints/hf.py maps the Hugging Face names onto it). MARS needs two things a plain GPT hides, here
 ordinary arguments: position ids (the noisy and clean streams share positions 0..T-1) and any boolean
@@ -223,7 +223,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.blocks = nn.ModuleList(Layer(config) for _ in range(config.n_layer))  # layers; "blocks": the weights' keys
+        self.layers = nn.ModuleList(Layer(config) for _ in range(config.n_layer))
         self.norm_f = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -248,24 +248,23 @@ class GPT(nn.Module):
             (a loss needs few: computing them all would cost a large vocabulary's memory); or long (b, r):
             the logits (b, r, vocab) of these columns of each row."""
         b, t = idx.shape
+        if positions is None:
+            start = [0] if cache is None else cache.lengths
+            if max(start) + t > self.config.max_seq_len:
+                raise ValueError(f"sequence longer than the model's context ({self.config.max_seq_len})")
+            positions = torch.arange(t, device=idx.device)
+            if cache is not None:  # each row's cache length onwards
+                positions = torch.tensor(start, device=idx.device)[:, None] + positions
         plan = None
         if cache is not None:
             assert attn_mask is None, "a cached forward is causal over the cache"
-            if positions is None:
-                if max(cache.lengths) + t > self.config.max_seq_len:
-                    raise ValueError(f"sequence longer than the model's context ({self.config.max_seq_len})")
-                positions = torch.tensor(cache.lengths, device=idx.device)[:, None] + torch.arange(t, device=idx.device)
             where, n_keys, attn_mask = cache.write_plan(positions)
             plan = (where, n_keys)
-        elif positions is None:
-            if t > self.config.max_seq_len:
-                raise ValueError(f"sequence longer than the model's context ({self.config.max_seq_len})")
-            positions = torch.arange(t, device=idx.device)
         if attn_mask is not None and attn_mask.dim() == 3 and cache is None:
             attn_mask = attn_mask[:, None]  # broadcast over heads
         x = self.wte(idx)
         rope = rotary(positions, self.config.head_dim, self.config.rope_base, x.dtype)
-        for index, layer in enumerate(self.blocks):
+        for index, layer in enumerate(self.layers):
             x = layer(x, rope, attn_mask, cache, index, plan)
         if cache is not None:
             cache.advance(t)

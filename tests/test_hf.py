@@ -329,11 +329,14 @@ def assert_exported_equal(ckpt, out):
     assert again.prompt_ids(CHATS[2]) == tok.prompt_ids(CHATS[2]) and again.n_vocab == tok.n_vocab
 
 
-@pytest.mark.parametrize("qkv_bias,tie", [(False, True), (True, False)])
-def test_export_toy_checkpoint_round_trip(tmp_path, qkv_bias, tie):
+@pytest.mark.parametrize("qkv_bias,tie,old_names", [(False, True, True), (True, False, False)])
+def test_export_toy_checkpoint_round_trip(tmp_path, qkv_bias, tie, old_names):
+    """old_names: a checkpoint written before GPT.layers, its layers' weights named "blocks.N...", exports the same."""
     ckpt = toy_checkpoint(qkv_bias, tie)
     path = tmp_path / "toy.pt"
-    torch.save(ckpt, path)
+    old = {k.replace("layers.", "blocks.", 1): v for k, v in ckpt["model"].items()}
+    assert old.keys() != ckpt["model"].keys()
+    torch.save({**ckpt, "model": old} if old_names else ckpt, path)
     proc = run_cli(["extras/checkpoints/export.py", path, tmp_path / "out"])
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "out" / "config.json").read_text())["mars_block_size"] == 8

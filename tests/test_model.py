@@ -105,8 +105,13 @@ def test_cache_overflow_raises(m):
 
 
 def test_context_overflow_raises(m):
-    with pytest.raises(ValueError):
+    """Past the context, with or without a cache (one whose slots would still have room)."""
+    with pytest.raises(ValueError, match=r"sequence longer than the model's context \(64\)"):
         m(seqs(1, 65))
+    cache = m.new_cache(1, max_len=80)
+    m(seqs(1, 60), cache=cache)
+    with pytest.raises(ValueError, match=r"sequence longer than the model's context \(64\)"):
+        m(seqs(1, 5), cache=cache)
 
 
 def test_logits_at_selects_rows(m):

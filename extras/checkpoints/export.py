@@ -5,7 +5,7 @@ transformers loads as Qwen2ForCausalLM or LlamaForCausalLM (extras/checkpoints/h
 
 A command line, so it imports checkpoint and config; neither imports it.
 """
-from checkpoint import load_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
 from config import Parser, run_cli
 from extras.checkpoints.hf import export
 
@@ -15,7 +15,9 @@ def main(argv=None):
     p.add_argument("ckpt", help="our checkpoint (.pt), a Hugging Face directory, or a GGUF file (or smollm2)")
     p.add_argument("out_dir", help="the Hugging Face directory to write")
     args = p.parse_args(argv)
-    export(load_checkpoint(args.ckpt), args.out_dir)
+    ckpt = load_checkpoint(args.ckpt)
+    model, _ = model_from_checkpoint(ckpt)  # the weights under this version's names, whichever version wrote them
+    export({**ckpt, "model": model.state_dict()}, args.out_dir)
     print(f"wrote {args.out_dir}")
 
 

@@ -33,11 +33,11 @@ NAMES = {
     "model.embed_tokens.weight": "wte.weight",
     "model.norm.weight": "norm_f.weight",
     "lm_head.weight": "lm_head.weight",
-    "model.layers.{}.input_layernorm.weight": "blocks.{}.norm1.weight",
-    "model.layers.{}.post_attention_layernorm.weight": "blocks.{}.norm2.weight",
-    **{f"model.layers.{{}}.self_attn.{x}_proj.{p}": f"blocks.{{}}.attn.{x}.{p}" for x in "qkv" for p in ("weight", "bias")},
-    "model.layers.{}.self_attn.o_proj.weight": "blocks.{}.attn.o.weight",
-    **{f"model.layers.{{}}.mlp.{x}_proj.weight": f"blocks.{{}}.mlp.{x}.weight" for x in ("gate", "up", "down")},
+    "model.layers.{}.input_layernorm.weight": "layers.{}.norm1.weight",
+    "model.layers.{}.post_attention_layernorm.weight": "layers.{}.norm2.weight",
+    **{f"model.layers.{{}}.self_attn.{x}_proj.{p}": f"layers.{{}}.attn.{x}.{p}" for x in "qkv" for p in ("weight", "bias")},
+    "model.layers.{}.self_attn.o_proj.weight": "layers.{}.attn.o.weight",
+    **{f"model.layers.{{}}.mlp.{x}_proj.weight": f"layers.{{}}.mlp.{x}.weight" for x in ("gate", "up", "down")},
 }
 HF_NAMES = {ours: theirs for theirs, ours in NAMES.items()}
 
@@ -80,7 +80,7 @@ def config_from_hf(c):
     extra = [k for k in ("attention_bias", "mlp_bias") if kind == "llama" and c.get(k)]
     if c.get("hidden_act", "silu") != "silu" or extra:
         raise ValueError(f"config.json: {extra or ['hidden_act ' + repr(c['hidden_act'])]} is not supported "
-                         "(Llama's SwiGLU block)")
+                         "(Llama's SwiGLU MLP)")
     optional = {k: number(c, k) if c.get(k) is not None else 0 for k in ("num_key_value_heads", "head_dim")}
     try:
         return GPTConfig(vocab_size=number(c, "vocab_size"), max_seq_len=number(c, "max_position_embeddings"),
