@@ -22,7 +22,6 @@ from types import SimpleNamespace
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import data
 from checkpoint import UserError, check_device, starts_from_hf
 
 
@@ -78,7 +77,7 @@ def add_device(parser):
 # train.py's presets and flags
 
 # One source of truth for every number: every preset takes COMMON, and a flag overrides a single entry.
-# precision: of the autocast a training forward runs in; "auto" (derive) measures which is faster on the device.
+# precision: of the autocast a training forward runs in; "auto" (train.derive) measures which is faster on the device.
 COMMON = dict(B=4, buckets=16, grad_clip=1.0, seed=0, precision="auto", micro_batch=None, epochs=None)
 TOY = dict(COMMON, warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
 PRESETS = {
@@ -124,7 +123,7 @@ OVERRIDES = [("n_layer", int, "layers"), ("n_head", int, "attention heads"), ("n
 
 
 class Config(SimpleNamespace):
-    """The run's settings, resolved once (resolve, then derive) and read-only after: what a run prints at its
+    """The run's settings, resolved once (resolve, then train.derive) and read-only after: what a run prints at its
     start and saves in every checkpoint (train_config)."""
 
     def __setattr__(self, name, value):
@@ -191,7 +190,7 @@ def resolve(p, args):
     flags = {k: v for k, v in vars(args).items() if v is not None}
     c = {**vars(args), **PRESETS[preset], **flags, "preset": preset, "from_hf": from_hf, "given": given,
          "schedule": {}}
-    c["precision_why"] = None if c["precision"] == "auto" else {  # derive fills it for auto
+    c["precision_why"] = None if c["precision"] == "auto" else {  # train.derive fills it for auto
         "dtype": c["precision"], "reason": f"--precision {args.precision}" if args.precision else f"the {preset} preset's"}
     c["data"] = args.data and os.path.abspath(args.data)  # the checkpoint must find it from anywhere
     if int(os.environ.get("WORLD_SIZE", 1)) > 1 and args.device.startswith("cuda"):  # torchrun: a GPU per process
@@ -214,38 +213,12 @@ def stage2_flags(cfg):
 
 
 def schedule_of(cfg, name):
-    """(batch, steps, peak lr) of stage `name`: the hf preset's as derive fitted them to the data, else the preset's
+    """(batch, steps, peak lr) of stage `name`: the hf preset's as train.derive fitted them to the data, else the preset's
     and the flags'."""
     if name in cfg.schedule:
         s = cfg.schedule[name]
         return s["batch_size"], s["steps"], s["lr"]
     return (cfg.batch_size, cfg.ar_iters, cfg.lr) if name == "ar" else (cfg.batch_size, cfg.mars_iters, cfg.mars_lr)
-
-
-def derive(cfg, names, start, world, say):
-    """The config the run trains with, computed once before its first step: cfg with what the first stage's start
-    fixes (start: its model and tokenizer, and the settings its source fixes: the architecture and data of the
-    checkpoint it starts from), the hf preset's schedule fitted to the rows that fit, and the precision (--precision
-    auto: measured on the model, or the resumed stage's)."""
-    model, tok, splits, fixed, resumed = start
-    cfg = cfg.replace(**fixed)
-    if cfg.preset == "hf":  # the batch, steps and lr follow the rows that fit
-        schedule = {}
-        for name in names:
-            rows = len(data.tokenize(splits["train"], tok, cfg.max_seq_len, 1 if name == "ar" else cfg.B))
-            s = schedule[name] = fit_hf_schedule(cfg, name, rows, world)
-            say(f"schedule ({name}): batch {s['batch_size']}, {s['steps']} steps, peak lr {s['lr']:.3g} on {rows} "
-                f"rows ({s['why']})")
-        cfg = cfg.replace(schedule=schedule)
-    why = resumed and resumed["train_config"].get("precision_why")
-    if cfg.precision == "auto" and isinstance(why, dict):  # a resumed stage keeps the precision it started in
-        cfg = cfg.replace(precision=why["dtype"], precision_why=why)
-    elif cfg.precision == "auto":
-        from precision import choose_dtype  # the probe, off the method's path
-        why = choose_dtype(cfg, model, world)
-        cfg = cfg.replace(precision=why["dtype"], precision_why=why)
-        say(f"precision: {why['dtype']}: {why['reason']} (--precision forces either)")
-    return cfg
 
 
 def show(cfg):

@@ -22,7 +22,7 @@ import mars
 import sample
 import tokenizer
 from checkpoint import UserError, foreign, load_checkpoint, model_from_checkpoint
-from config import MODEL_KEYS, autocast, derive, get_args, run_cli, schedule_of, show, stage2_flags
+from config import MODEL_KEYS, autocast, fit_hf_schedule, get_args, run_cli, schedule_of, show, stage2_flags
 from model import GPT, GPTConfig
 
 STEP_TIME = {"ar": 1.0, "control": 1.0, "mars": 1.9}  # time of a step against stage 1's (docs/profile_cpu.json)
@@ -354,6 +354,32 @@ def start_stage(name, state, cfg, splits, say):
     prev = source["train_config"]
     fixed = {**{k: source["model_config"][k] for k in MODEL_KEYS}, "data": cfg.data or prev["data"]}
     return model, tok, splits or data.load_splits(fixed["data"], prev["seed"], prev["n_train"]), None, fixed
+
+
+def derive(cfg, names, start, world, say):
+    """The config the run trains with, computed once before its first step: cfg with what the first stage's start
+    fixes (start: its model and tokenizer, and the settings its source fixes: the architecture and data of the
+    checkpoint it starts from), the hf preset's schedule fitted to the rows that fit, and the precision (--precision
+    auto: measured on the model, or the resumed stage's)."""
+    model, tok, splits, fixed, resumed = start
+    cfg = cfg.replace(**fixed)
+    if cfg.preset == "hf":  # the batch, steps and lr follow the rows that fit
+        schedule = {}
+        for name in names:
+            rows = len(data.tokenize(splits["train"], tok, cfg.max_seq_len, 1 if name == "ar" else cfg.B))
+            s = schedule[name] = fit_hf_schedule(cfg, name, rows, world)
+            say(f"schedule ({name}): batch {s['batch_size']}, {s['steps']} steps, peak lr {s['lr']:.3g} on {rows} "
+                f"rows ({s['why']})")
+        cfg = cfg.replace(schedule=schedule)
+    why = resumed and resumed["train_config"].get("precision_why")
+    if cfg.precision == "auto" and isinstance(why, dict):  # a resumed stage keeps the precision it started in
+        cfg = cfg.replace(precision=why["dtype"], precision_why=why)
+    elif cfg.precision == "auto":
+        from precision import choose_dtype  # the probe, off the method's path
+        why = choose_dtype(cfg, model, world)
+        cfg = cfg.replace(precision=why["dtype"], precision_why=why)
+        say(f"precision: {why['dtype']}: {why['reason']} (--precision forces either)")
+    return cfg
 
 
 def work_after(name, names, cfg, splits):

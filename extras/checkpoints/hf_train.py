@@ -24,7 +24,7 @@ def start_real_stage(name, state, cfg, splits, model_keys, load_checkpoint, mode
     """(model, tokenizer, splits, the source's "hf" record, the settings the source fixes) for a stage, or ValueError.
     The directory starts every stage, except that --stage all runs its MARS stage from the AR SFT it has just
     trained (<out_dir>/ar.pt). The settings: the architecture (the recipe's rows within the model's context) and the
-    data, which config.derive puts in the run's config. load_checkpoint, model_from_checkpoint: checkpoint.py's
+    data, which train.derive puts in the run's config. load_checkpoint, model_from_checkpoint: checkpoint.py's
     (train.py passes them: nothing in extras/checkpoints imports it)."""
     after_ar = cfg.init_from is None or (names_model(cfg.init_from) and name != "ar" and cfg.stage == "all")
     source = state or load_checkpoint(os.path.join(cfg.out_dir, "ar.pt") if after_ar else cfg.init_from)
