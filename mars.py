@@ -10,7 +10,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 
 # ---------------------------------------------------------------------------
@@ -59,12 +58,12 @@ def idle_noisy_positions(y, B, offset=0):
 
 def token_ce(model, ids, targets, soft=None, **forward):
     """Cross-entropy at every position (b, t), 0 where the target is -1; the model computes logits only
-    where there is a target (logits_at). soft: a distribution (n, vocab) per target, in the order of
-    targets[targets != -1], to be the target instead of the token (self-distillation, beyond the paper)."""
+    where there is a target (logits_at), and for a large vocabulary a chunk of them at a time (model.cross_entropy).
+    soft: a distribution (n, vocab) per target, in the order of targets[targets != -1], to be the target instead
+    of the token (self-distillation, beyond the paper)."""
     where = targets != -1
     ce = torch.zeros(targets.shape, device=targets.device)
-    logits = model(ids, logits_at=where, **forward).float()
-    ce[where] = F.cross_entropy(logits, targets[where] if soft is None else soft, reduction="none")
+    ce[where] = model(ids, logits_at=where, targets=targets[where] if soft is None else soft, **forward)
     return ce
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -239,14 +240,16 @@ class GPT(nn.Module):
         p = self.wte.weight
         return KVCache(self.config, batch_size, max_len or self.config.max_seq_len, p.dtype, p.device)
 
-    def forward(self, idx, positions=None, attn_mask=None, cache=None, logits_at=None):
+    def forward(self, idx, positions=None, attn_mask=None, cache=None, logits_at=None, targets=None):
         """Logits for token ids idx (b, t).
         positions: (t,) or (b, t); default 0..t-1, or each row's cache length onwards (only differences matter).
         attn_mask: bool (t, t) or (b, t, t), True = may attend; default causal; never with a cache.
         cache: a KVCache (or a StaticKVCache, positions (b, t) given); this forward appends its keys and values.
         logits_at: bool (b, t): return logits (n, vocab) only where True, in the order of idx[logits_at]
             (a loss needs few: computing them all would cost a large vocabulary's memory); or long (b, r):
-            the logits (b, r, vocab) of these columns of each row."""
+            the logits (b, r, vocab) of these columns of each row.
+        targets: with a bool logits_at, the loss's targets there, ids (n,) or distributions (n, vocab): return the
+            cross-entropy (n,) instead of the logits (cross_entropy)."""
         b, t = idx.shape
         if positions is None:
             start = [0] if cache is None else cache.lengths
@@ -273,4 +276,20 @@ class GPT(nn.Module):
             x = x[logits_at]
         elif logits_at is not None:  # columns: fixed shapes, no host sync (a CUDA graph captures it)
             x = x.gather(1, logits_at[..., None].expand(-1, -1, x.shape[-1]))
-        return self.lm_head(x)
+        return self.lm_head(x) if targets is None else cross_entropy(self.lm_head, x, targets)
+
+
+CE_CHUNK = 2**25  # logit elements the loss holds at once (128 MiB in float32)
+
+
+def cross_entropy(head, x, targets):
+    """Cross-entropy (n,) of the logits head(x), in float32, against targets (ids or distributions). Past CE_CHUNK
+    elements (a real vocabulary on many rows) it takes the rows a chunk at a time and recomputes each chunk's logits
+    in the backward (checkpoint), so that one chunk's logits exist rather than all of them; below, it is one call."""
+    rows = max(1, CE_CHUNK // head.out_features)
+
+    def ce(h, t):
+        return F.cross_entropy(head(h).float(), t, reduction="none")
+    if len(x) <= rows:
+        return ce(x, targets)
+    return torch.cat([checkpoint(ce, h, t, use_reentrant=False) for h, t in zip(x.split(rows), targets.split(rows))])

@@ -146,3 +146,32 @@ def test_explicit_causal_mask_equals_default(m):
     causal = torch.ones(16, 16, dtype=torch.bool).tril()
     torch.testing.assert_close(m(x, attn_mask=causal), m(x), atol=ATOL, rtol=0)
     torch.testing.assert_close(m(x, attn_mask=causal.expand(2, 16, 16)), m(x), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_chunked_cross_entropy_is_the_whole_ones_loss_and_gradients(monkeypatch, soft):
+    """Past CE_CHUNK logit elements the loss takes its rows a chunk at a time (a real vocabulary's logits on many
+    rows would not fit): the same cross-entropy and the same gradients as all rows at once, for token and for
+    distribution targets; and the chunks really ran (with checkpoint: their logits recomputed in the backward)."""
+    torch.manual_seed(0)
+    m = model.GPT(tiny_config())
+    x = torch.randint(V, (3, 20))
+    where = torch.rand(3, 20) < 0.7
+    n = int(where.sum())
+    targets = torch.randn(n, V).softmax(-1) if soft else torch.randint(V, (n,))
+
+    def loss_and_grads():
+        m.zero_grad(set_to_none=True)
+        ce = m(x, logits_at=where, targets=targets)
+        ce.sum().backward()
+        return ce.detach(), [p.grad.clone() for p in m.parameters()]
+    whole, whole_grads = loss_and_grads()
+    calls = []
+    monkeypatch.setattr(model, "CE_CHUNK", 7 * V)  # 7 rows a chunk
+    monkeypatch.setattr(model, "checkpoint", lambda f, *a, **k: calls.append(1) or torch.utils.checkpoint.checkpoint(
+        f, *a, **k))
+    chunked, chunked_grads = loss_and_grads()
+    assert len(calls) == -(-n // 7) > 1
+    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-6)
+    for a, b in zip(chunked_grads, whole_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

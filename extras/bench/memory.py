@@ -1,6 +1,8 @@
 """Peak memory of one MARS training step of a model shaped exactly like Qwen2.5-0.5B-Instruct.
 
     python -m extras.bench.memory          # minutes, ~9 GB of RAM -> docs/memory_qwen2.5-0.5b.json
+    python -m extras.bench.memory --compare_ce   # float32, the loss's logits in chunks against all at once
+                                                 # -> docs/memory_ce_qwen2.5-0.5b.json
 
 Random weights built from the configuration alone (nothing is downloaded): hidden 896, 24
 layers, 14 query heads and 2 key/value heads of 64, SwiGLU width 4864, vocabulary 151,936 rows,
@@ -42,13 +44,16 @@ def rss():
     return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def one_step(dtype):
+def one_step(dtype, ce="chunked"):
     sys.path.insert(0, ROOT)
     import torch
 
     import config
     import mars
+    import model as gpt
     from model import GPT, GPTConfig
+    if ce == "whole":  # every logit of the loss at once, as before model.cross_entropy took them in chunks
+        gpt.CE_CHUNK = 2**62
     torch.manual_seed(0)
     marks = {"imports": rss()}
     model = GPT(GPTConfig(**QWEN25_05B))
@@ -68,7 +73,7 @@ def one_step(dtype):
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     marks["optimizer_step"] = rss()
-    return {"dtype": dtype, "n_params": n_params, "loss": loss.item(), "seconds": round(time.time() - t0, 1),
+    return {"dtype": dtype, "ce": ce, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "ce_chunk": gpt.CE_CHUNK, "n_params": n_params, "loss": loss.item(), "seconds": round(time.time() - t0, 1),
             "threads": torch.get_num_threads(), "logit_rows": 2 * int((y != -1).sum()),
             "rss_gib": {k: {"current": gib(c), "peak": gib(p)} for k, (c, p) in marks.items()}}
 
@@ -77,15 +82,21 @@ def main(argv=None):
     p = Parser(__doc__)
     p.add_argument("--one", choices=["float32", "bfloat16"], help="internal: measure one precision in this process "
                                                                   "and print its JSON line")
+    p.add_argument("--ce", choices=["chunked", "whole"], default="chunked", help="internal, with --one: the loss's "
+                   "logits in chunks (model.cross_entropy, as train.py runs) or all at once")
+    p.add_argument("--compare_ce", action="store_true", help="float32 only, chunked against whole: the memory the "
+                   "chunked cross-entropy saves (-> docs/memory_ce_qwen2.5-0.5b.json)")
     args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(one_step(args.one)))
+        print(json.dumps(one_step(args.one, args.ce)))
         return
     runs = []
-    for dtype in ("float32", "bfloat16"):
+    settings = [("float32", "chunked"), ("float32", "whole")] if args.compare_ce else [("float32", "chunked"),
+                                                                                       ("bfloat16", "chunked")]
+    for dtype, ce in settings:
         try:
-            proc = subprocess.run([sys.executable, "-m", "extras.bench.memory", "--one", dtype], capture_output=True,
-                                  text=True, check=True, timeout=LIMIT_S)
+            proc = subprocess.run([sys.executable, "-m", "extras.bench.memory", "--one", dtype, "--ce", ce],
+                                  capture_output=True, text=True, check=True, timeout=LIMIT_S)
             runs.append(json.loads(proc.stdout.splitlines()[-1]))
         except subprocess.TimeoutExpired:  # a CPU without bf16 matrix instructions emulates them, slowly
             runs.append({"dtype": dtype, "not_measured": f"one step did not finish in {LIMIT_S} s on this CPU"})
@@ -101,10 +112,15 @@ def main(argv=None):
             "logits_fp32_one_copy": round(rows * QWEN25_05B["vocab_size"] * 4 / 2**30, 2),
             "qwen2.5_7b_weights_grads_adamw": round(16 * 7.62e9 / 2**30, 1)},
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Linux RSS",
+        "cpu_model": next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                          None),
+        "cpu_capability": runs[0].get("cpu_capability"),
     }
-    with open(OUT, "w") as f:
+    out = OUT.replace("memory_", "memory_ce_") if args.compare_ce else OUT
+    result["command"] = "python -m extras.bench.memory" + (" --compare_ce" if args.compare_ce else "")
+    with open(out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"wrote {OUT}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
