@@ -20,7 +20,7 @@ import torch
 
 import data
 import mars
-from model import StaticKVCache
+from model import StaticKVCache, check_room
 
 CACHE_MODES = ("none", "sliding", "block")
 MASK_MODES = ("fixed", "auto")  # auto: cost.py, imported only for it
@@ -256,7 +256,7 @@ class Engine:
         n = min(len(self.waiting), self.max_batch - len(self.running))
         for _ in range(n):
             r = self.waiting.popleft()
-            mars.check_room(r.prompt, self.max_seq)
+            check_room(r.prompt, self.max_seq)
             r.ids = list(r.prompt)
             r.left = min(r.max_new_tokens or self.max_new_tokens, self.max_seq - len(r.prompt))
             self.running.append(r)

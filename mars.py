@@ -113,13 +113,6 @@ def masks_to_feed(B, tau):
     return B - 1 if tau < 1 else 0
 
 
-def check_room(prompt, max_seq):
-    """A prompt must leave its answer room in the model's context of max_seq tokens: else a ValueError (the
-    command line's one-line error), for sample.py's loop and the engine alike."""
-    if len(prompt) >= max_seq:
-        raise ValueError(f"prompt of {len(prompt)} tokens does not fit the model's context of {max_seq}")
-
-
 def accept(conf, tau):
     """How many predictions of each window to commit: (b, B) confidences -> (b,). The first
     prediction (the last real token's, i.e. the AR prediction) is always committed; then

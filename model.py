@@ -135,6 +135,13 @@ class StaticKVCache(KVCache):
         pass  # its forwards read positions, not lengths (and a graph's replay runs no Python)
 
 
+def check_room(prompt, max_seq):
+    """A prompt must leave its answer room in a context of max_seq tokens: else a ValueError (the command line's
+    one-line error), for sample.py's loop and the engine alike."""
+    if len(prompt) >= max_seq:
+        raise ValueError(f"prompt of {len(prompt)} tokens does not fit the model's context of {max_seq}")
+
+
 def rotary(positions, head_dim, base, dtype):
     """cos and sin (b or 1, 1, t, head_dim/2) of the angles position * base^(-2i/d).
 

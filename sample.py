@@ -22,6 +22,7 @@ import data
 import mars
 from checkpoint import UserError, load_checkpoint, model_from_checkpoint
 from config import Parser, add_device, run_cli, threshold
+from model import check_room
 
 
 @torch.inference_mode()
@@ -155,7 +156,7 @@ def generate_examples(model, tok, examples, B, tau, max_new_tokens):
     at a time; the output has what show reads of an engine.Request (tokens, chunks, forwards, seconds)."""
     for e in examples:
         prompt = tok.prompt_ids(e["prompt"])
-        mars.check_room(prompt, model.config.max_seq_len)
+        check_room(prompt, model.config.max_seq_len)
         t0 = time.perf_counter()  # generate reads every forward's tokens back: the device is done when it returns
         out, chunks = generate(model, prompt, tok.eot, tok.mask, B, tau, max_new_tokens, tok.n_vocab)
         g = SimpleNamespace(tokens=out, chunks=chunks, forwards=len(chunks), seconds=time.perf_counter() - t0)
