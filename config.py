@@ -23,6 +23,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from checkpoint import UserError, check_device, starts_from_hf
+from data import TASKS
 
 
 def run_cli(main):
@@ -78,7 +79,7 @@ def add_device(parser):
 
 # One source of truth for every number: every preset takes COMMON, and a flag overrides a single entry.
 # precision: of the autocast a training forward runs in; "auto" (train.derive) measures which is faster on the device.
-COMMON = dict(B=4, buckets=16, grad_clip=1.0, seed=0, precision="auto", micro_batch=None, epochs=None)
+COMMON = dict(B=4, buckets=16, grad_clip=1.0, seed=0, precision="auto", micro_batch=None, epochs=None, tasks=None)
 TOY = dict(COMMON, warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
 PRESETS = {
     "tiny": dict(TOY, n_layer=2, n_head=2, n_embd=64, max_seq_len=64, vocab_size=512, n_train=4000, summary_limit=40,
@@ -119,7 +120,10 @@ OVERRIDES = [("n_layer", int, "layers"), ("n_head", int, "attention heads"), ("n
              ("seed", int, "seed for data, initialisation and batch order (default 0)"),
              ("buckets", int, "length buckets; a batch comes from one, so it has little padding (default 16; 1: "
                               "uniform batches)"),
-             ("grad_clip", float, "clip the gradient norm to this (default 1.0)")]
+             ("grad_clip", float, "clip the gradient norm to this (default 1.0)"),
+             ("tasks", lambda s: s.split(","), "the built-in task families to train and score, comma-separated "
+                                               "(default all: add,multiples,spell,reverse,sort,count,copy,words,"
+                                               "convert,facts)")]
 
 
 class Config(SimpleNamespace):
@@ -198,6 +202,8 @@ def resolve(p, args):
     counts = ("B", "ar_iters", "mars_iters", "eval_every", "save_every", "batch_size", "buckets")
     if any(c.get(k) is not None and c[k] < 1 for k in counts):
         p.error(f"--{', --'.join(counts)} must be >= 1")
+    if c["tasks"] and set(c["tasks"]) - set(TASKS):
+        p.error(f"--tasks: unknown families {sorted(set(c['tasks']) - set(TASKS))}; they are {','.join(TASKS)}")
     if not from_hf and (c["n_embd"] % c["n_head"] or (c["n_embd"] // c["n_head"]) % 2):
         p.error("--n_embd must split into --n_head heads of an even width (rotary positions rotate pairs)")
     if (args.ar_weight or 0) < 0 or (args.no_sft and args.ar_weight is not None):

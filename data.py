@@ -242,17 +242,19 @@ def split_of(prompt, test=0.04, val=0.04):
     return "test" if u < test else "val" if u < test + val else "train"
 
 
-def build_instruction_set(seed=0, n_train=40000, n_val=500, n_test=2000):
-    """Deterministic train/val/test lists of {"task", "prompt", "response", "answer"}.
+def build_instruction_set(seed=0, n_train=40000, n_val=500, n_test=2000, tasks=None):
+    """Deterministic train/val/test lists of {"task", "prompt", "response", "answer"}, of the families in
+    `tasks` (default all).
 
     Train examples may repeat (as in any large instruction set); val and test
     hold distinct prompts, n_val and n_test split equally over the task families
     (2,000 test prompts: one standard error of an accuracy near 90% is 0.7 points)."""
     rng = random.Random(seed)
     splits = {"train": [], "val": [], "test": []}
-    for task, (make_example, _) in TASKS.items():
-        quota = {"train": round(n_train * MIX[task] / sum(MIX.values())),
-                 "val": n_val // len(TASKS), "test": n_test // len(TASKS)}
+    chosen = {t: f for t, f in TASKS.items() if tasks is None or t in tasks}
+    for task, (make_example, _) in chosen.items():
+        quota = {"train": round(n_train * MIX[task] / sum(MIX[t] for t in chosen)),
+                 "val": n_val // len(chosen), "test": n_test // len(chosen)}
         shares = dict(test=0.25, val=0.06) if task in SMALL_FAMILIES else dict(test=0.04, val=0.04)
         count, seen = dict.fromkeys(splits, 0), set()
         for _ in range(40 * quota["train"]):  # small families run out of new held-out prompts
@@ -347,8 +349,8 @@ def plain_text(example):
     return (p if isinstance(p, str) else "\n".join(m["content"] for m in p)) + "\n" + example["response"]
 
 
-def load_splits(data_path, seed, n_train):
-    return load_jsonl(data_path) if data_path else build_instruction_set(seed, n_train)
+def load_splits(data_path, seed, n_train, tasks=None):
+    return load_jsonl(data_path) if data_path else build_instruction_set(seed, n_train, tasks=tasks)
 
 
 # ---------------------------------------------------------------------------

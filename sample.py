@@ -237,7 +237,7 @@ def main(argv=None):
     if args.prompt:
         return answer([{"prompt": p} for p in args.prompt], args.tau)
     cfg = ckpt["train_config"]
-    test = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["test"][:args.num_prompts]
+    test = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"], cfg.get("tasks"))["test"][:args.num_prompts]
     right = answer(test, args.tau)
     print(f"{right}/{len(test)} right", file=sys.stderr if args.json else sys.stdout)  # stdout stays JSON lines
 

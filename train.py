@@ -341,7 +341,7 @@ def start_stage(name, state, cfg, splits, say):
     if cfg.from_hf:  # a real model: extras/checkpoints/hf_train.py, through the root's one seam
         return foreign().start_real_stage(name, state, cfg, splits, MODEL_KEYS, load_checkpoint, model_from_checkpoint)
     if name == "ar" and state is None:  # the toy, from scratch
-        splits = data.load_splits(cfg.data, cfg.seed, cfg.n_train)
+        splits = data.load_splits(cfg.data, cfg.seed, cfg.n_train, cfg.tasks)
         tok = tokenizer.Tokenizer.train((data.plain_text(e) for e in splits["train"]), cfg.vocab_size)
         model = GPT(GPTConfig(vocab_size=tok.n_vocab, **{k: getattr(cfg, k) for k in MODEL_KEYS})).to(cfg.device)
         say(f"instruction set: {', '.join(f'{k} {len(v)}' for k, v in splits.items())}; tokenizer: "
@@ -352,8 +352,10 @@ def start_stage(name, state, cfg, splits, say):
         raise UserError("--init_from must be a stage-1 (ar) checkpoint or a Hugging Face model directory")
     model, tok = model_from_checkpoint(source, cfg.device)
     prev = source["train_config"]
-    fixed = {**{k: source["model_config"][k] for k in MODEL_KEYS}, "data": cfg.data or prev["data"]}
-    return model, tok, splits or data.load_splits(fixed["data"], prev["seed"], prev["n_train"]), None, fixed
+    fixed = {**{k: source["model_config"][k] for k in MODEL_KEYS}, "data": cfg.data or prev["data"],
+             "tasks": prev.get("tasks")}
+    splits = splits or data.load_splits(fixed["data"], prev["seed"], prev["n_train"], fixed["tasks"])
+    return model, tok, splits, None, fixed
 
 
 def derive(cfg, names, start, world, say):
