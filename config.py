@@ -89,6 +89,13 @@ PRESETS = {
     "cpu": dict(TOY, n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048, n_train=40000,
                 summary_limit=None, batch_size=32, ar_iters=5000, mars_iters=2400, lr=2e-3, mars_lr=2e-3,
                 eval_every=200, save_every=200),
+    # course: a class sees MARS work in a few minutes on a laptop CPU: six of the ten families (the templated
+    # ones, whose answers MARS can commit several tokens at a time), a narrower model, fewer steps; chosen on
+    # validation prompts (docs/course_search_cpu.json). The default run teaches the quality, this the mechanism.
+    "course": dict(TOY, n_layer=4, n_head=4, n_embd=128, max_seq_len=64, vocab_size=2048, n_train=40000,
+                   tasks=["spell", "reverse", "copy", "words", "convert", "facts"], summary_limit=300,
+                   batch_size=32, ar_iters=1500, mars_iters=800, lr=3e-3, mars_lr=3e-3, eval_every=500,
+                   save_every=500),
     "gpu": dict(TOY, n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000,
                 summary_limit=None, batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3,
                 eval_every=500, save_every=500),
@@ -140,7 +147,7 @@ class Config(SimpleNamespace):
 def get_args(argv=None):
     """The command line, resolved (resolve) into a Config."""
     p = Parser(__doc__)
-    p.add_argument("--preset", choices=PRESETS, help="tiny (seconds), cpu, gpu, or hf (the paper's recipe "
+    p.add_argument("--preset", choices=PRESETS, help="tiny (seconds), course (a few minutes), cpu, gpu, or hf (the paper's recipe "
                    "for a real model, the default when --init_from is one or was trained from one)")
     p.add_argument("--stage", choices=["ar", "mars", "all", "control"], default="all", help="ar: stage 1 (AR SFT); "
                    "mars: stage 2; all: both, then the summary (default); control: stage 2 without its noisy stream")
