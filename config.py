@@ -94,7 +94,7 @@ PRESETS = {
     # validation prompts (docs/course_search_cpu.json). The default run teaches the quality, this the mechanism.
     "course": dict(TOY, n_layer=4, n_head=4, n_embd=128, max_seq_len=64, vocab_size=2048, n_train=40000,
                    tasks=["spell", "reverse", "copy", "words", "convert", "facts"], summary_limit=300,
-                   batch_size=32, ar_iters=1500, mars_iters=800, lr=3e-3, mars_lr=3e-3, eval_every=500,
+                   batch_size=32, ar_iters=2000, mars_iters=1000, lr=3e-3, mars_lr=3e-3, eval_every=500,
                    save_every=500),
     "gpu": dict(TOY, n_layer=8, n_head=8, n_embd=512, max_seq_len=64, vocab_size=2048, n_train=200000,
                 summary_limit=None, batch_size=128, ar_iters=6000, mars_iters=6000, lr=1e-3, mars_lr=1e-3,

