@@ -145,7 +145,7 @@ def checked(p, args):
     given = [n for n in ENGINE_FLAGS if getattr(args, n) != p.get_default(n)]
     args.engine_flags = [f"--{n}" if n == "lossless" else f"--{n} {getattr(args, n)}" for n in given]
     if given:  # the engine, only where a flag needs it
-        import engine
+        from extras.engine import engine
         engine.checked(p, args)
     args.dtype = DTYPES[args.dtype]
     return args
@@ -217,7 +217,7 @@ def main(argv=None):
         raise UserError(f"{args.ckpt} is an AR checkpoint (no MARS block size): use --ar, --B, or a MARS checkpoint")
     B = 1 if args.ar else args.B or ckpt["mars"]["B"]
     if args.engine_flags:
-        import engine
+        from extras.engine import engine
         route, decode = engine.route(args, model, tok, B)
     else:
         route = {"route": "paper loop", "why": "one prompt, greedy, sliding cache, prob rule, fixed masks"}

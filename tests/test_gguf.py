@@ -27,7 +27,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from conftest import assert_one_line_error, run_cli  # first: it puts the repository root on sys.path (for --write)
 import checkpoint
-import engine
+from extras.engine import engine
 import sample
 from extras.bench.eval import machine
 from extras.checkpoints import gguf_file, hf

@@ -8,9 +8,9 @@ import shutil
 import pytest
 import torch
 
-import engine
+from extras.engine import engine
 from conftest import EOT, MASK, random_model, random_prompts
-from engine import Engine, Request, generate_batch
+from extras.engine.engine import Engine, Request, generate_batch
 from model import StaticKVCache
 
 PROMPTS = [3, 7, 5, 9, 4, 6, 8]  # lengths: ragged rows, and more rows than a power of two

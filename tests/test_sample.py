@@ -6,7 +6,7 @@ import torch
 
 import mars
 import model as model_lib
-import engine
+from extras.engine import engine
 import checkpoint
 import sample
 from conftest import EOT, MASK, V, random_model, random_prompts, tiny_config

@@ -33,7 +33,7 @@ import time
 import torch
 
 import data
-import engine
+from extras.engine import engine
 from checkpoint import UserError, load_checkpoint, model_from_checkpoint
 from config import Config, Parser, add_device, run_cli, schedule_of, threshold
 from extras.bench.stats import wilson

@@ -235,7 +235,7 @@ class Engine:
         self.waiting, self.running, self.forwards = deque(), [], 0
         self.auto = None
         if masks == "auto" and B > 1:  # t(batch, width)
-            from cost import AutoMasks
+            from extras.engine.cost import AutoMasks
             self.auto = AutoMasks(self, step_cost, decode_step)
 
     @property
