@@ -72,7 +72,7 @@ def transformers_model():
 
 def greedy_answers(model, tok, prompts, max_new):
     """Our greedy AR answers (the paper's loop at B = 1): (prompt ids, answer ids) each."""
-    return [(ids, sample.generate(model, ids, tok.eot, tok.mask, 1, 1.0, max_new, tok.n_vocab)[0])
+    return [(ids, sample.generate(model, [ids], tok.eot, tok.mask, 1, 1.0, max_new, tok.n_vocab)[0][0])
             for ids in map(tok.prompt_ids, prompts)]
 
 

@@ -20,14 +20,14 @@ ALLOWED = {  # what each root module may import of the root, at module level or 
 }
 SEAMS = {  # the root functions that import extras (each behind the flag that asks for it), and what they import
     ("checkpoint", "foreign", "extras.checkpoints.foreign"),
-    ("sample", "checked", "extras.engine.engine"), ("sample", "main", "extras.engine.engine"),
+    ("sample", "engine_decode", "extras.engine.engine"),  # sample.py's engine flags
 }
 ROOMS = {  # what each room of extras/ may import besides its own modules (the root: any root module)
     "extras.checkpoints": {"model", "tokenizer", "data",  # not checkpoint: it imports foreign.py
                            "extras.real.teacher"},  # foreign.py hands train.py --targets soft's Teacher (torch only)
     "extras.engine": {"root"},
     "extras.serving": {"root", "extras.engine", "extras.bench"},
-    "extras.bench": {"root", "extras.engine"},
+    "extras.bench": {"root", "extras.engine", "extras.real.chunked_ce"},  # memory.py measures the chunked loss
     "extras.real": {"root", "extras.engine", "extras.bench"},
 }
 COMMANDS = {"extras.checkpoints.export": {"checkpoint", "config"}}  # a command line in a room checkpoint imports

@@ -65,8 +65,8 @@ def expected(loaded, prompt, tau=None, lossless=False, max_new=MAX_NEW):
     """(text, tokens, chunks) of sample.generate alone; lossless is AR's output (B = 1)."""
     model, tok, B = loaded
     ids = tok.prompt_ids(prompt)
-    out, chunks = sample.generate(model, ids, tok.eot, tok.mask, 1 if lossless else B, 0.9 if tau is None else tau,
-                                  max_new)
+    (out, chunks), = sample.generate(model, [ids], tok.eot, tok.mask, 1 if lossless else B,
+                                     0.9 if tau is None else tau, max_new)
     return tok.decode([t for t in out if t != tok.eot]), out, chunks
 
 
