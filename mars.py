@@ -57,8 +57,8 @@ def idle_noisy_positions(y, B, offset=0):
 
 
 def token_ce(model, ids, targets, positions=None, attn_mask=None):
-    """Cross-entropy at every position (b, t) in float32, 0 where the target is -1; the model computes
-    logits only where there is a target."""
+    """Cross-entropy at every position (b, t) in float32, 0 where the target is -1; the model
+    computes logits only where there is a target."""
     return model(ids, targets, positions=positions, attn_mask=attn_mask)
 
 
@@ -95,16 +95,17 @@ def ar_loss(model, x, y, per_sequence=False, soft=None):
 # Inference (paper section "Inference"): which predictions of a window to commit
 
 def choose(logits):
-    """The paper's greedy rule, for logits (..., vocab): each position's argmax, and its probability as the
-    confidence."""
+    """The paper's greedy rule, for logits (..., vocab): each position's argmax, and its
+    probability as the confidence."""
     logits = logits.float()
     tokens = logits.argmax(-1)
     return tokens, logits.softmax(-1).gather(-1, tokens[..., None])[..., 0]
 
 
 def masks_to_feed(B, tau):
-    """How many <|mask|> tokens a window feeds after the real tokens: B - 1 (B predictions in all), or none at
-    tau >= 1, where only the AR token is committed (accept below), so that tau = 1.0 costs what AR costs."""
+    """How many <|mask|> tokens a window feeds after the real tokens: B - 1 (B predictions in
+    all), or none at tau >= 1, where only the AR token is committed (accept below), so that
+    tau = 1.0 costs what AR costs."""
     return B - 1 if tau < 1 else 0
 
 
@@ -114,14 +115,15 @@ def accept(conf, tau):
     predictions 2, 3, ... left to right while conf >= tau, stopping at the first that falls short.
     tau >= 1 commits exactly one token: a float32 probability can round to 1.0, and conf >= 1.0
     would take more. tau: a number, or (b, 1), one per row (the engine's requests)."""
-    tau = torch.as_tensor(tau, dtype=conf.dtype, device=conf.device)  # compared in conf's precision
+    tau = torch.as_tensor(tau, dtype=conf.dtype, device=conf.device)  # in conf's precision
     ok = (conf >= tau) & (tau < 1)
     ok[:, 0] = True
     return ok.long().cumprod(dim=1).sum(dim=1)
 
 
 def banned(logits, mask_id, n_vocab):
-    """logits with what is never an output at -inf: the <|mask|> placeholder, and ids from n_vocab on."""
+    """logits with what is never an output at -inf: the <|mask|> placeholder, and ids from
+    n_vocab on (a real checkpoint's padding rows)."""
     logits[..., mask_id] = float("-inf")
     if n_vocab is not None:
         logits[..., n_vocab:] = float("-inf")
@@ -134,14 +136,14 @@ def through_eot(tokens, eot_id):
 
 
 def cache_slots(longest, B, span=0):
-    """KV-cache slots a row can need: it caches at most longest - 1 positions (longest: prompt and answer),
-    then a forward writes the widest window: 2B - 1 (fresh tokens, B - 1 masks), or span + 1 if wider (the
-    engine's block cache feeds a span of B_cache positions after its last cached token)."""
+    """KV-cache slots a row can need: it caches at most longest - 1 positions (longest: prompt
+    and answer), then a forward writes the widest window: 2B - 1 (fresh tokens, B - 1 masks), or
+    span + 1 if wider (the engine's block cache feeds a span of B_cache positions)."""
     return longest - 1 + max(2 * B - 1, span + 1)
 
 
 # ---------------------------------------------------------------------------
-# Beyond the paper: the ablations and options train.py offers (decoding's tools live in engine.py). A reader
+# Beyond the paper: the ablations and options train.py offers (decoding's tools: extras/engine). A reader
 # of the method need not read on; each exists for the one user it names.
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """A GPT in one file: the transformer of Qwen2 and Llama (RMSNorm, SwiGLU MLP, rotary positions,
 grouped-query attention) and a plain KV cache; one class for our presets and real checkpoints
-(extras/checkpoints/hf.py maps the Hugging Face names onto it). MARS needs two things a plain GPT hides, here
-ordinary arguments: position ids (the noisy and clean streams share positions 0..T-1) and any boolean
-attention mask (the [noisy | clean] mask). Positions enter only through the rotary embedding, so
-attention sees relative distances, never absolute places.
+(extras/checkpoints/hf.py maps the Hugging Face names onto it). MARS needs two things a plain GPT
+hides, here ordinary arguments: position ids (the noisy and clean streams share positions 0..T-1)
+and any boolean attention mask (the [noisy | clean] mask). Positions enter only through the rotary
+embedding, so attention sees relative distances, never absolute places.
 """
 import math
 from dataclasses import dataclass
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 1024  # token embeddings (a real checkpoint may have more than its tokenizer has tokens)
+    vocab_size: int = 1024  # embeddings (a real checkpoint's can outnumber its tokenizer's ids)
     max_seq_len: int = 128  # the context length (never called block_size here: that is MARS's B)
     n_layer: int = 4
     n_head: int = 4
@@ -33,13 +33,15 @@ class GPTConfig:
         self.head_dim = self.head_dim or self.n_embd // self.n_head
         self.intermediate_size = self.intermediate_size or 64 * math.ceil(8 * self.n_embd / 3 / 64)
         if self.n_head % self.n_kv_head or self.head_dim % 2:
-            raise ValueError("n_head must be a multiple of n_kv_head, and head_dim even (rotary rotates pairs)")
+            raise ValueError("n_head must be a multiple of n_kv_head, and head_dim even "
+                             "(rotary rotates pairs)")
 
 
 class KVCache:
-    """Preallocated keys and values (key/value heads only) for every layer, with a length per batch row.
-    A forward appends at slots lengths[b]..; the caller keeps what it wants with `rollback` (MARS drops
-    its <|mask|> tokens' entries after every step). Slots beyond a row's length are stale, never attended."""
+    """Preallocated keys and values (key/value heads only) for every layer, with a length per
+    batch row. A forward appends at slots lengths[b]..; the caller keeps what it wants with
+    `rollback` (MARS drops its <|mask|> tokens' entries after every step). Slots past a row's
+    length are never read."""
 
     def __init__(self, config, batch_size, max_len, dtype, device):
         shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
@@ -63,9 +65,10 @@ class KVCache:
         self.lengths = self.lengths + [0] * n
 
     def append(self, positions):
-        """A forward of t tokens (positions (t,) or (b, t)) begins: remember where its keys go, count them in
-        every row, and return its attention mask (None where every key may be attended): query i of row b sits
-        at slot lengths[b] + i and attends every slot up to its own."""
+        """A forward of t tokens (positions (t,) or (b, t)) begins: remember where its keys go,
+        count them in every row, and return its attention mask (None where every key may be
+        attended): query i of row b sits at slot lengths[b] + i and attends every slot up to its
+        own."""
         t, device = positions.shape[-1], positions.device
         lo, hi = min(self.lengths), max(self.lengths)
         if hi + t > self.max_len:
@@ -73,11 +76,13 @@ class KVCache:
         self.n_keys = hi + t
         if lo == hi:  # every row at the same length: a plain slice
             self.where = slice(lo, lo + t)
-            visible = None if t == 1 else torch.ones(t, hi + t, dtype=torch.bool, device=device).tril(lo)
+            visible = torch.ones(t, hi + t, dtype=torch.bool, device=device).tril(lo)
+            visible = None if t == 1 else visible
         else:
-            slots = torch.tensor(self.lengths, device=device)[:, None] + torch.arange(t, device=device)
-            self.where = (torch.arange(len(self.lengths), device=device)[:, None], slots)  # (b, 1), (b, t)
-            visible = (torch.arange(hi + t, device=device) <= slots[..., None])[:, None]  # (b, 1, t, keys)
+            first = torch.tensor(self.lengths, device=device)[:, None]
+            slots = first + torch.arange(t, device=device)  # (b, t)
+            self.where = (torch.arange(len(self.lengths), device=device)[:, None], slots)
+            visible = (torch.arange(hi + t, device=device) <= slots[..., None])[:, None]
         self.lengths = [n + t for n in self.lengths]
         return visible
 
@@ -94,18 +99,21 @@ class KVCache:
 
 
 def check_room(prompt, max_seq):
-    """A prompt must leave its answer room in a context of max_seq tokens: else a ValueError (the command line's
-    one-line error), for sample.py's loop and the engine alike."""
+    """A prompt must leave its answer room in a context of max_seq tokens: else a ValueError (the
+    command line's one-line error), for sample.py's loop and the engine alike."""
     if len(prompt) >= max_seq:
-        raise ValueError(f"prompt of {len(prompt)} tokens does not fit the model's context of {max_seq}")
+        raise ValueError(f"prompt of {len(prompt)} tokens does not fit the model's context "
+                         f"of {max_seq}")
 
 
 def rotary(positions, head_dim, base, dtype):
     """cos and sin (b or 1, 1, t, head_dim/2) of the angles position * base^(-2i/d).
 
-    Computed in float32 as Hugging Face does (in float64 when the model is: tests check exact identities)."""
+    Computed in float32 as Hugging Face does (in float64 when the model is: tests check exact
+    identities)."""
     dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=dtype) / head_dim)
+    i = torch.arange(0, head_dim, 2, device=positions.device, dtype=dtype)
+    inv_freq = 1.0 / base ** (i / head_dim)
     angles = positions.to(dtype)[..., None] * inv_freq
     if angles.dim() == 2:
         angles = angles[None]
@@ -151,12 +159,11 @@ class Attention(nn.Module):
             k, v = cache.update(index, k, v)
         # grouped-query attention: query head h reads key/value head h // (n_head / n_kv_head)
         gqa, repeat = self.n_kv_head != self.n_head, self.n_head // self.n_kv_head
-        if attn_mask is not None and gqa:  # the memory-efficient kernel takes a mask, not enable_gqa
+        causal = attn_mask is None and cache is None  # else a mask, or one query reading all keys
+        if attn_mask is not None and gqa:  # the memory-efficient kernel: a mask, not enable_gqa
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        else:  # no mask: causal, or one query per row attending its whole cache
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None and attn_mask is None,
-                                               attn_mask=attn_mask, enable_gqa=gqa)
+            gqa = False
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal=causal, enable_gqa=gqa)
         return self.o(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -196,27 +203,29 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        for name, p in self.named_parameters():  # GPT-2's init; residual projections scaled by depth
+        for name, p in self.named_parameters():  # GPT-2's init; residual projections by depth
             if name.endswith("bias"):
                 nn.init.zeros_(p)
             elif p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * config.n_layer) if name.endswith(("o.weight", "down.weight")) else 0.02
-                nn.init.normal_(p, std=std)
+                residual = name.endswith(("o.weight", "down.weight"))
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer) if residual else 0.02)
 
     def new_cache(self, batch_size, max_len=None):
-        p = self.wte.weight
-        return KVCache(self.config, batch_size, max_len or self.config.max_seq_len, p.dtype, p.device)
+        p, max_len = self.wte.weight, max_len or self.config.max_seq_len
+        return KVCache(self.config, batch_size, max_len, p.dtype, p.device)
 
     def hidden(self, idx, positions=None, attn_mask=None, cache=None):
-        """The final-normed hidden states (b, t, n_embd) for token ids idx (b, t); lm_head makes them logits.
-        positions: (t,) or (b, t); default 0..t-1, or each row's cache length onwards (only differences matter).
+        """The final-normed hidden states (b, t, n_embd) of token ids idx (b, t); lm_head: logits.
+        positions: (t,) or (b, t); default 0..t-1, or each row's cache length onwards (only
+            differences matter).
         attn_mask: bool (t, t) or (b, t, t), True = may attend; default causal; never with a cache.
         cache: a KVCache; this forward appends its keys and values (causal over the cache)."""
         b, t = idx.shape
         if positions is None:
             start = [0] if cache is None else cache.lengths
             if max(start) + t > self.config.max_seq_len:
-                raise ValueError(f"sequence longer than the model's context ({self.config.max_seq_len})")
+                raise ValueError(f"sequence longer than the model's context "
+                                 f"({self.config.max_seq_len})")
             positions = torch.arange(t, device=idx.device)
             if cache is not None:  # each row's cache length onwards
                 positions = torch.tensor(start, device=idx.device)[:, None] + positions
@@ -232,13 +241,15 @@ class GPT(nn.Module):
         return self.norm_f(x)
 
     def forward(self, idx, targets=None, positions=None, attn_mask=None, cache=None):
-        """The logits (b, t, vocab) for token ids idx (b, t) (the other arguments as in hidden); or, given
-        targets (b, t) (ids, -1 = none), the cross-entropy (b, t) in float32, 0 where there is none, with
-        logits only where there is a target (a loss needs few: a large vocabulary's would not fit)."""
+        """The logits (b, t, vocab) of token ids idx (b, t) (the other arguments as in hidden);
+        or, given targets (b, t) (ids, -1 = none), the cross-entropy (b, t) in float32, 0 where
+        there is none, with logits only where there is a target (a large vocabulary's would not
+        fit)."""
         x = self.hidden(idx, positions, attn_mask, cache)
         if targets is None:
             return self.lm_head(x)
         where = targets != -1
         ce = torch.zeros(targets.shape, device=targets.device)
-        ce[where] = F.cross_entropy(self.lm_head(x[where]).float(), targets[where], reduction="none")
+        logits = self.lm_head(x[where]).float()
+        ce[where] = F.cross_entropy(logits, targets[where], reduction="none")
         return ce

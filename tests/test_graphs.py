@@ -1,4 +1,4 @@
-"""Decoding at fixed shapes (engine.CudaGraphs over model.StaticKVCache), as a GPU replays it in CUDA graphs: it
+"""Decoding at fixed shapes (engine.CudaGraphs over extras/engine/static_cache.py), as a GPU replays it in CUDA graphs: it
 commits token for token what the eager step commits, in the same forwards, in every decoding mode, with requests
 joining and leaving. On a CPU the fixed shapes run eagerly (CUDA graphs exist on CUDA only), which checks all but
 the capture: that is checked on CUDA, where there is a GPU."""
