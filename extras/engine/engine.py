@@ -71,7 +71,7 @@ def decode_step(model, requests, kv, mask_id, *, temperature=0.0, metric="prob",
     each (rows, n_read): column 0 is the prediction after the last real token (the AR prediction), then one
     after each draft and each mask; beyond a request's own reads conf is 0. After the forward the cache holds
     every fed position; the caller rolls it back to what it keeps.
-    n_vocab: ids from there on (a real checkpoint's padding rows) are never chosen.
+    n_vocab: ids from there on (a real checkpoint's padding rows) never come out.
     graphs: the CudaGraphs that kv belongs to: a greedy step runs there, at fixed shapes."""
     device = model.wte.weight.device
     cached = [0 if kv is None else r.cached for r in requests]
@@ -403,7 +403,7 @@ def route(args, model, tok, B):
 # ---------------------------------------------------------------------------
 # CUDA graphs: decode_step's greedy forward at fixed shapes, replayed (the engine's default on CUDA)
 
-def chosen(model, cache, inputs, n_read, mask_id, n_vocab, metric):
+def fixed_step(model, cache, inputs, n_read, mask_id, n_vocab, metric):
     """decode_step's device part on a StaticKVCache, greedy, from one integer tensor (rows, width + 3): each row's
     window, then its cached length, the real tokens it feeds (u) and its reads. Returns decode_step's tokens and
     conf, (rows, n_read); beyond a row's reads both are 0. Nothing in it reads the host, so that a CUDA graph
@@ -418,30 +418,30 @@ def chosen(model, cache, inputs, n_read, mask_id, n_vocab, metric):
 
 
 def packed(windows, cached, u, reads, width, rows, mask_id):
-    """chosen's inputs: windows right-padded with masks to width, then rows of masks at position 0 up to rows."""
+    """fixed_step's inputs: windows right-padded with masks to width, then rows of masks at position 0 up to rows."""
     real = [w + [mask_id] * (width - len(w)) + [c, n, r] for w, c, n, r in zip(windows, cached, u, reads)]
     return torch.tensor(real + [[mask_id] * width + [0, 1, 1]] * (rows - len(windows)))
 
 
 class CudaGraphs:
-    """decode_step at the GPU's speed rather than Python's (gpt-fast's recipe): a static KV cache, and `chosen` at
+    """decode_step at the GPU's speed rather than Python's (gpt-fast's recipe): a static KV cache, and `fixed_step` at
     fixed shapes, each captured once in a CUDA graph and replayed. A small model's eager forward is hundreds of
     kernel launches, each costing the host more than the GPU; a replay is one. Rows pad to a power of two, windows
     to the next of GRAPH_WIDTHS: padding sits after the real tokens, which never attend to it, and is never read;
     the keys attended, to a power of two above the positions fed (a graph per length, not the whole cache at every
-    step). A wider forward (a prompt's prefill) runs `chosen` eagerly at its own shape. compiled: torch.compile
-    `chosen` before capture (fused kernels; compiling takes a while, once per process). On a CPU nothing is
+    step). A wider forward (a prompt's prefill) runs `fixed_step` eagerly at its own shape. compiled: torch.compile
+    `fixed_step` before capture (fused kernels; compiling takes a while, once per process). On a CPU nothing is
     captured: the fixed shapes run eagerly (the tests check them there). choice: (mask_id, n_vocab, metric)."""
 
     def __init__(self, model, rows, max_len, choice, compiled):
         p = model.wte.weight
         self.cache = StaticKVCache(model.config, 1 << (rows - 1).bit_length(), max_len, p.dtype, p.device)
         self.weights, self.choice, self.compiled = weights(model), choice, compiled
-        self.run = torch.compile(chosen, dynamic=True) if compiled else chosen
+        self.run = torch.compile(fixed_step, dynamic=True) if compiled else fixed_step
         self.captured, self.holder = {}, None  # (rows, width, keys) -> (inputs, graph, outputs); who borrows it
         self.pool = None  # the graphs' memory, shared: one replays at a time, its outputs copied before the next
 
-    def chosen(self, model, inputs, n_read):
+    def fixed_step(self, model, inputs, n_read):
         return self.run(model, self.cache, inputs, n_read, *self.choice)
 
     def step(self, model, windows, cached, u, reads):
@@ -454,7 +454,7 @@ class CudaGraphs:
         self.cache.keys = min(max(1 << (end - 1).bit_length(), 128), self.cache.max_len)
         if padded is None:  # a prefill: once per prompt, eagerly
             inputs = packed(windows, cached, u, reads, width, n, mask_id).to(self.cache.k.device)
-            return self.chosen(model, inputs, max(reads))
+            return self.fixed_step(model, inputs, max(reads))
         host = packed(windows, cached, u, reads, padded, 1 << (n - 1).bit_length(), mask_id)
         shape = (*host.shape, self.cache.keys)
         if shape not in self.captured:
@@ -462,7 +462,7 @@ class CudaGraphs:
         inputs, graph, out = self.captured[shape]
         inputs.copy_(host)
         if graph is None:  # a CPU
-            out = self.chosen(model, inputs, padded)
+            out = self.fixed_step(model, inputs, padded)
         else:
             graph.replay()
         return out[0][:n, :max(reads)].clone(), out[1][:n, :max(reads)].clone()  # the next replay overwrites out
@@ -479,12 +479,12 @@ class CudaGraphs:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self.chosen(model, inputs, width)
+                    self.fixed_step(model, inputs, width)
             torch.cuda.current_stream().wait_stream(side)
             self.pool = self.pool or torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                out = self.chosen(model, inputs, width)
+                out = self.fixed_step(model, inputs, width)
         return inputs, graph, out
 
 
