@@ -377,7 +377,7 @@ def decode_examples(model, tok, examples, batch_size=64, **decode):
 # ---------------------------------------------------------------------------
 # sample.py's route to the engine, taken where one of its engine flags is given (sample.ENGINE_FLAGS)
 
-def refused(args):
+def check_flags(args):
     """What is wrong with sample.py's engine flags (ValueError: one line), if they cannot run or not together."""
     if args.metric not in METRICS:
         raise ValueError(f"--metric: choose from {', '.join(METRICS)}, not {args.metric!r}")
@@ -392,7 +392,7 @@ def refused(args):
 def route(args, model, tok, B):
     """sample.py's engine route (sample.engine_decode): its label (which decodes, and why), and
     decode(examples, tau) as decode_examples; flags that cannot run are refused first."""
-    refused(args)
+    check_flags(args)
     options = dict(B=B, cache=args.cache, B_cache=args.B_cache, lossless=args.lossless, metric=args.metric,
                    temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens,
                    masks=args.masks)
