@@ -423,18 +423,18 @@ def test_lossless_equals_ar(m, ar_out, B):
 
 
 class CacheSpy:
-    """Wraps model.forward: before every cached call, checks that each row's
+    """Wraps model.hidden (every forward runs it): before every cached call, checks that each row's
     first kv.lengths[b] cache entries are the keys and values of a fresh uncached
     forward over that row's final tokens (i.e. the cache holds committed tokens only)."""
 
     def __init__(self, model):
-        self.model, self.forward, self.snapshots = model, model.forward, []
-        model.forward = self
+        self.model, self.hidden, self.snapshots = model, model.hidden, []
+        model.hidden = self
 
     def __call__(self, idx, *args, cache=None, **kw):
         if cache is not None:
             self.snapshots.append((cache.k.clone(), cache.v.clone(), list(cache.lengths)))
-        return self.forward(idx, *args, cache=cache, **kw)
+        return self.hidden(idx, *args, cache=cache, **kw)
 
     def verify(self, final_ids):
         assert len(self.snapshots) > 2
@@ -459,7 +459,7 @@ def test_kv_cache_holds_exactly_the_committed_tokens(m, kw):
         try:
             g = gen(m, [p], **kw)[0]
         finally:
-            del m.forward  # back to the class's forward
+            del m.hidden  # back to the class's hidden
         spy.verify(p + g.tokens)
 
 

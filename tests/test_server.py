@@ -333,8 +333,8 @@ def slow(tiny_run):
     mid-answer, to fill the queue, or to outlast the shutdown's grace."""
     def load(seconds):
         model, tok = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(tiny_run / "mars.pt"))
-        forward = model.eval().forward
-        model.forward = lambda *a, **k: (time.sleep(seconds), forward(*a, **k))[1]
+        hidden = model.eval().hidden  # every forward runs it, the engine's too
+        model.hidden = lambda *a, **k: (time.sleep(seconds), hidden(*a, **k))[1]
         return model, tok
     return load
 
