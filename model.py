@@ -220,7 +220,7 @@ class GPT(nn.Module):
             differences matter).
         attn_mask: bool (t, t) or (b, t, t), True = may attend; default causal; never with a cache.
         cache: a KVCache; this forward appends its keys and values (causal over the cache)."""
-        b, t = idx.shape
+        t = idx.shape[1]
         if positions is None:
             start = [0] if cache is None else cache.lengths
             if max(start) + t > self.config.max_seq_len:
