@@ -80,7 +80,7 @@ def test_the_papers_path_imports_the_spine_alone(tiny_run, tmp_path):
     assert ran == SPINE
     assert project_modules([sample, "--ckpt", mars_pt, "--num_prompts", "2"], tmp_path) == SPINE - {"train"}
     batched = project_modules([sample, "--ckpt", mars_pt, "--num_prompts", "2", "--batch_size", "2"], tmp_path)
-    engine = {"extras/__init__", "extras/engine/__init__", "extras/engine/engine"}
+    engine = {"extras/__init__", "extras/engine/__init__", "extras/engine/engine", "extras/engine/static_cache"}
     assert batched == SPINE - {"train"} | engine
     auto = project_modules([sample, "--ckpt", mars_pt, "--num_prompts", "2", "--masks", "auto"], tmp_path)
     assert auto == SPINE - {"train"} | engine | {"extras/engine/cost"}
