@@ -56,15 +56,10 @@ def idle_noisy_positions(y, B, offset=0):
     return max(0, (first_target + offset) // B * B - offset)
 
 
-def token_ce(model, ids, targets, soft=None, **forward):
-    """Cross-entropy at every position (b, t), 0 where the target is -1; the model computes logits only
-    where there is a target (logits_at), and for a large vocabulary a chunk of them at a time (model.cross_entropy).
-    soft: a distribution (n, vocab) per target, in the order of targets[targets != -1], to be the target instead
-    of the token (self-distillation, beyond the paper)."""
-    where = targets != -1
-    ce = torch.zeros(targets.shape, device=targets.device)
-    ce[where] = model(ids, logits_at=where, targets=targets[where] if soft is None else soft, **forward)
-    return ce
+def token_ce(model, ids, targets, positions=None, attn_mask=None):
+    """Cross-entropy at every position (b, t) in float32, 0 where the target is -1; the model
+    computes logits only where there is a target."""
+    return model(ids, targets, positions=positions, attn_mask=attn_mask)
 
 
 def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, beyond=None):
@@ -82,7 +77,7 @@ def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, beyond=None):
     attn_mask = training_mask(T, B, o.offset, x.device)
     skip = idle_noisy_positions(y, B, o.offset)  # only a saving: drop noisy positions that feed nothing
     ids, pos, targets, attn_mask = ids[:, skip:], pos[skip:], targets[:, skip:], attn_mask[skip:, skip:]
-    ce = token_ce(model, ids, targets, o.soft, positions=pos, attn_mask=attn_mask)
+    ce = (token_ce if o.soft is None else soft_ce(o.soft))(model, ids, targets, pos, attn_mask)
     n, n_clean = ((t != -1).sum(1).clamp_min(1) for t in (y, clean_y))  # response tokens per sequence
     noisy, clean = ce[:, :-T].sum(1) / n, ce[:, -T:].sum(1) / n_clean  # the clean stream is the last T positions
     return (o.noisy_weight * noisy + ar_weight * clean).mean(), noisy.mean(), clean.mean()
@@ -92,7 +87,7 @@ def ar_loss(model, x, y, per_sequence=False, soft=None):
     """Next-token cross-entropy on the response tokens: the token mean for stage 1 (as the official SFT
     trainer averages), or per_sequence, exactly the clean term of mars_loss (the like-for-like control;
     soft as there)."""
-    ce, where = token_ce(model, x, y, soft), y != -1
+    ce, where = (token_ce if soft is None else soft_ce(soft))(model, x, y), y != -1
     return (ce.sum(1) / where.sum(1).clamp_min(1)).mean() if per_sequence else ce[where].mean()
 
 
@@ -100,16 +95,17 @@ def ar_loss(model, x, y, per_sequence=False, soft=None):
 # Inference (paper section "Inference"): which predictions of a window to commit
 
 def choose(logits):
-    """The paper's greedy rule, for logits (..., vocab): each position's argmax, and its probability as the
-    confidence."""
+    """The paper's greedy rule, for logits (..., vocab): each position's argmax, and its
+    probability as the confidence."""
     logits = logits.float()
     tokens = logits.argmax(-1)
     return tokens, logits.softmax(-1).gather(-1, tokens[..., None])[..., 0]
 
 
 def masks_to_feed(B, tau):
-    """How many <|mask|> tokens a window feeds after the real tokens: B - 1 (B predictions in all), or none at
-    tau >= 1, where only the AR token is committed (accept below), so that tau = 1.0 costs what AR costs."""
+    """How many <|mask|> tokens a window feeds after the real tokens: B - 1 (B predictions in
+    all), or none at tau >= 1, where only the AR token is committed (accept below), so that
+    tau = 1.0 costs what AR costs."""
     return B - 1 if tau < 1 else 0
 
 
@@ -119,14 +115,35 @@ def accept(conf, tau):
     predictions 2, 3, ... left to right while conf >= tau, stopping at the first that falls short.
     tau >= 1 commits exactly one token: a float32 probability can round to 1.0, and conf >= 1.0
     would take more. tau: a number, or (b, 1), one per row (the engine's requests)."""
-    tau = torch.as_tensor(tau, dtype=conf.dtype, device=conf.device)  # compared in conf's precision
+    tau = torch.as_tensor(tau, dtype=conf.dtype, device=conf.device)  # in conf's precision
     ok = (conf >= tau) & (tau < 1)
     ok[:, 0] = True
     return ok.long().cumprod(dim=1).sum(dim=1)
 
 
+def banned(logits, mask_id, n_vocab):
+    """logits with what is never an output at -inf: the <|mask|> placeholder, and ids from
+    n_vocab on (a real checkpoint's padding rows)."""
+    logits[..., mask_id] = float("-inf")
+    if n_vocab is not None:
+        logits[..., n_vocab:] = float("-inf")
+    return logits
+
+
+def through_eot(tokens, eot_id):
+    """tokens up to and including the first <|endoftext|>: the answer ends there."""
+    return tokens[:tokens.index(eot_id) + 1] if eot_id in tokens else tokens
+
+
+def cache_slots(longest, B, span=0):
+    """KV-cache slots a row can need: it caches at most longest - 1 positions (longest: prompt
+    and answer), then a forward writes the widest window: 2B - 1 (fresh tokens, B - 1 masks), or
+    span + 1 if wider (the engine's block cache feeds a span of B_cache positions)."""
+    return longest - 1 + max(2 * B - 1, span + 1)
+
+
 # ---------------------------------------------------------------------------
-# Beyond the paper: the ablations and options train.py offers (decoding's tools live in engine.py). A reader
+# Beyond the paper: the ablations and options train.py offers (decoding's tools: extras/engine). A reader
 # of the method need not read on; each exists for the one user it names.
 
 @dataclass(frozen=True)
@@ -136,6 +153,17 @@ class Beyond:
     noisy_weight: object = 1.0  # (b,) weights of the noisy loss: the "w/o SFT loss" ablation's 1/t (no_sft_weights)
     clean_y: object = None  # the clean stream's own targets: train.py --clean_padding drop
     soft: object = None  # (n, vocab), in the order of [y | clean_y] != -1: --targets soft (extras/real/teacher.py)
+
+
+def soft_ce(soft):
+    """token_ce against distributions: soft (n, vocab), one per target, in the order of
+    targets[targets != -1] (--targets soft)."""
+    def ce(model, ids, targets, positions=None, attn_mask=None):
+        where, out = targets != -1, torch.zeros(targets.shape, device=targets.device)
+        logits = model.lm_head(model.hidden(ids, positions, attn_mask)[where]).float()
+        out[where] = torch.nn.functional.cross_entropy(logits, soft, reduction="none")
+        return out
+    return ce
 
 
 def end_padding(y, eot_id):

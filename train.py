@@ -266,12 +266,12 @@ def finish(stage):
 
 def evaluate(model, tok, examples, B=1, tau=1.0):
     """Greedy exact-answer accuracy, overall and per family, and tokens per forward (output tokens over
-    forwards), the prompts decoded EVAL_BATCH at a time by sample.generate_many (what sample.generate commits)."""
+    forwards), the prompts decoded EVAL_BATCH at a time by sample.generate (the paper's loop, batched)."""
     model.eval()
     done = []
     for i in range(0, len(examples), EVAL_BATCH):  # n_vocab: never an id past the tokenizer's
         prompts = [tok.prompt_ids(e["prompt"]) for e in examples[i:i + EVAL_BATCH]]
-        done += sample.generate_many(model, prompts, tok.eot, tok.mask, B, tau, n_vocab=tok.n_vocab)
+        done += sample.generate(model, prompts, tok.eot, tok.mask, B, tau, n_vocab=tok.n_vocab)
     model.train()
     right = [int(data.check(e, tok.answer(out))) for e, (out, _) in zip(examples, done)]
     tokens, forwards = sum(len(out) for out, _ in done), sum(len(chunks) for _, chunks in done)

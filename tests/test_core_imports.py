@@ -73,16 +73,17 @@ def project_modules(argv, cwd):
 
 def test_the_papers_path_imports_the_spine_alone(tiny_run, tmp_path):
     """python train.py and python sample.py run on the method's files; the engine comes in only for a flag that
-    needs it, cost.py only for --masks auto, the precision probe only for --precision auto."""
+    needs it (extras/engine), its cost model only for --masks auto, the precision probe only for --precision auto."""
     train, sample, mars_pt = ROOT / "train.py", ROOT / "sample.py", tiny_run / "mars.pt"
     ran = project_modules([train, "--preset", "tiny", "--ar_iters", "2", "--mars_iters", "2", "--n_train", "300",
                            "--summary_limit", "4", "--out_dir", tmp_path, "--device", "cpu"], tmp_path)
     assert ran == SPINE
     assert project_modules([sample, "--ckpt", mars_pt, "--num_prompts", "2"], tmp_path) == SPINE - {"train"}
     batched = project_modules([sample, "--ckpt", mars_pt, "--num_prompts", "2", "--batch_size", "2"], tmp_path)
-    assert batched == SPINE - {"train"} | {"engine"}
+    engine = {"extras/__init__", "extras/engine/__init__", "extras/engine/engine", "extras/engine/static_cache"}
+    assert batched == SPINE - {"train"} | engine
     auto = project_modules([sample, "--ckpt", mars_pt, "--num_prompts", "2", "--masks", "auto"], tmp_path)
-    assert auto == SPINE - {"train"} | {"engine", "cost"}
+    assert auto == SPINE - {"train"} | engine | {"extras/engine/cost"}
     probed = project_modules([train, "--preset", "tiny", "--stage", "ar", "--ar_iters", "1", "--n_train", "300",
                               "--summary_limit", "2", "--precision", "auto", "--out_dir", tmp_path / "p"], tmp_path)
     assert probed == SPINE | {"precision"}

@@ -11,7 +11,7 @@ import torch
 
 import checkpoint
 import data
-import engine
+from extras.engine import engine
 from conftest import assert_one_line_error, run_cli
 from extras.real import checks, distill, snapshots
 from extras.real import eval as real_eval

@@ -1,6 +1,6 @@
-"""sample.generate_many, training's scoring path: for every prompt, the tokens and the forwards sample.generate
-commits, at the paper's tau, at a tau low enough for several tokens a forward, at 1.0 (AR), with answers cut by
-the budget and prompts of different lengths."""
+"""sample.generate on a batch, training's scoring path: for every prompt, the tokens and the forwards it commits
+alone (a batch of one), at the paper's tau, at a tau low enough for several tokens a forward, at 1.0 (AR), with
+answers cut by the budget and prompts of different lengths (ragged rows, rows leaving the batch)."""
 import pytest
 
 import data
@@ -9,7 +9,7 @@ from checkpoint import load_checkpoint, model_from_checkpoint
 
 
 @pytest.mark.parametrize("name,tau,max_new", [("mars", 0.9, 64), ("mars", 0.01, 7), ("mars", 1.0, 64), ("ar", 1.0, 5)])
-def test_generate_many_commits_what_generate_commits(tiny_run, name, tau, max_new):
+def test_a_batch_commits_what_each_prompt_commits_alone(tiny_run, name, tau, max_new):
     ckpt = load_checkpoint(tiny_run / f"{name}.pt")
     model, tok = model_from_checkpoint(ckpt)
     model.eval()
@@ -17,7 +17,8 @@ def test_generate_many_commits_what_generate_commits(tiny_run, name, tau, max_ne
     examples = data.build_instruction_set()["test"][::80]
     prompts = [tok.prompt_ids(e["prompt"]) for e in examples]
     assert len({len(p) for p in prompts}) > 3  # ragged rows
-    one = [sample.generate(model, p, tok.eot, tok.mask, B, tau, max_new, n_vocab=tok.n_vocab) for p in prompts]
-    many = sample.generate_many(model, prompts, tok.eot, tok.mask, B, tau, max_new, n_vocab=tok.n_vocab)
-    assert many == one
-    assert any(len(chunks) < len(out) for out, chunks in many) == (tau < 0.5)  # the tiny model's masks pass a low tau
+    alone = [sample.generate(model, [p], tok.eot, tok.mask, B, tau, max_new, n_vocab=tok.n_vocab)[0] for p in prompts]
+    batch = sample.generate(model, prompts, tok.eot, tok.mask, B, tau, max_new, n_vocab=tok.n_vocab)
+    assert batch == alone
+    assert len({len(out) for out, _ in batch}) > 1  # rows left the batch at different forwards
+    assert any(len(chunks) < len(out) for out, chunks in batch) == (tau < 0.5)  # the tiny model's masks pass a low tau

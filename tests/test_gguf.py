@@ -27,7 +27,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from conftest import assert_one_line_error, run_cli  # first: it puts the repository root on sys.path (for --write)
 import checkpoint
-import engine
+from extras.engine import engine
 import sample
 from extras.bench.eval import machine
 from extras.checkpoints import gguf_file, hf
@@ -72,7 +72,7 @@ def transformers_model():
 
 def greedy_answers(model, tok, prompts, max_new):
     """Our greedy AR answers (the paper's loop at B = 1): (prompt ids, answer ids) each."""
-    return [(ids, sample.generate(model, ids, tok.eot, tok.mask, 1, 1.0, max_new, tok.n_vocab)[0])
+    return [(ids, sample.generate(model, [ids], tok.eot, tok.mask, 1, 1.0, max_new, tok.n_vocab)[0][0])
             for ids in map(tok.prompt_ids, prompts)]
 
 

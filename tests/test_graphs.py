@@ -1,4 +1,4 @@
-"""Decoding at fixed shapes (engine.CudaGraphs over model.StaticKVCache), as a GPU replays it in CUDA graphs: it
+"""Decoding at fixed shapes (engine.CudaGraphs over extras/engine/static_cache.py), as a GPU replays it in CUDA graphs: it
 commits token for token what the eager step commits, in the same forwards, in every decoding mode, with requests
 joining and leaving. On a CPU the fixed shapes run eagerly (CUDA graphs exist on CUDA only), which checks all but
 the capture: that is checked on CUDA, where there is a GPU."""
@@ -8,10 +8,10 @@ import shutil
 import pytest
 import torch
 
-import engine
+from extras.engine import engine
 from conftest import EOT, MASK, random_model, random_prompts
-from engine import Engine, Request, generate_batch
-from model import StaticKVCache
+from extras.engine.engine import Engine, Request, generate_batch
+from extras.engine.static_cache import StaticKVCache
 
 PROMPTS = [3, 7, 5, 9, 4, 6, 8]  # lengths: ragged rows, and more rows than a power of two
 MODES = {

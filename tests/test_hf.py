@@ -23,7 +23,7 @@ import tokenizer
 from extras.checkpoints import hf, hf_tokenizer
 import checkpoint
 from checkpoint import UserError
-import engine
+from extras.engine import engine
 import sample
 from conftest import assert_one_line_error, run_cli
 from model import GPT, GPTConfig

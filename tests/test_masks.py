@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-import cost
-import engine
+from extras.engine import cost
+from extras.engine import engine
 from conftest import EOT, MASK, assert_one_line_error, random_model, random_prompts, run_cli
 from extras.bench import masks_bench
 

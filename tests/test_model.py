@@ -1,9 +1,12 @@
-"""model.py: the KV cache against uncached forwards, rollback, logits_at, positions, tying."""
+"""model.py: the KV cache against uncached forwards, rollback, targets, positions, tying, grouped-query
+attention; the chunked cross-entropy (extras/real/chunked_ce.py) against the whole one."""
 import pytest
 import torch
 
+import mars
 import model
 from conftest import V, random_model, tiny_config
+from extras.real import chunked_ce
 
 ATOL = 1e-10
 
@@ -114,18 +117,60 @@ def test_context_overflow_raises(m):
         m(seqs(1, 5), cache=cache)
 
 
-def test_logits_at_selects_rows(m):
+def test_targets_give_the_cross_entropy_where_there_is_one(m, monkeypatch):
+    """forward(idx, targets): the cross-entropy (b, t) in float32 of the full logits where a target is given,
+    0 where it is -1, and lm_head computes logits at those positions only."""
     x = seqs(3, 20, seed=7)
     full = m(x)
-    where = torch.rand(3, 20, generator=torch.Generator().manual_seed(0)) < 0.3
-    where[0, 0] = True
-    sel = m(x, logits_at=where)
-    assert sel.shape == (int(where.sum()), V)
-    torch.testing.assert_close(sel, full[where], atol=ATOL, rtol=0)
-    # row-major order
-    rows, cols = where.nonzero(as_tuple=True)
-    for i, (r, c) in enumerate(zip(rows.tolist(), cols.tolist())):
-        torch.testing.assert_close(sel[i], full[r, c], atol=ATOL, rtol=0)
+    targets = seqs(3, 20, seed=8)
+    targets[torch.rand(3, 20, generator=torch.Generator().manual_seed(0)) < 0.7] = -1
+    where = targets != -1
+    rows = []
+    monkeypatch.setattr(m.lm_head, "forward", lambda h: rows.append(h.shape[0]) or h @ m.lm_head.weight.T)
+    ce = m(x, targets)
+    assert ce.dtype == torch.float32 and ce.shape == (3, 20) and rows == [int(where.sum())]
+    want = torch.nn.functional.cross_entropy(full[where].float(), targets[where], reduction="none")
+    torch.testing.assert_close(ce[where], want, atol=1e-6, rtol=0)
+    assert (ce[~where] == 0).all()
+    torch.testing.assert_close(m.lm_head(m.hidden(x)), full, atol=0, rtol=0)
+
+
+def gqa_pair(seed=0):
+    """A float64 GPT with grouped-query attention (4 query heads, 2 key/value heads), and the same model with
+    every key/value head repeated for its query heads (plain multi-head attention): the same function."""
+    torch.manual_seed(seed)
+    config = dict(vocab_size=V, max_seq_len=64, n_layer=2, n_head=4, n_embd=32)
+    gqa = model.GPT(model.GPTConfig(n_kv_head=2, **config)).double().eval()
+    mha = model.GPT(model.GPTConfig(**config)).double().eval()
+    state = gqa.state_dict()
+    for name in [n for n in state if n.endswith(("attn.k.weight", "attn.v.weight"))]:
+        state[name] = state[name].view(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
+    mha.load_state_dict(state)
+    return gqa, mha
+
+
+def test_grouped_query_attention_with_a_mask_is_the_repeated_heads_model():
+    """k and v expanded to the query heads where a mask is given (the memory-efficient kernel's path): the
+    outputs of the equivalent multi-head model, uncached and masked (both streams' mask), and cached (ragged
+    rows, whose mask is explicit, and one token per row, which has none)."""
+    gqa, mha = gqa_pair()
+    x = seqs(2, 24, seed=4)
+    torch.testing.assert_close(gqa(x), mha(x), atol=ATOL, rtol=0)
+    mask = torch.rand(24, 24, generator=torch.Generator().manual_seed(1)) < 0.5
+    mask |= torch.eye(24, dtype=torch.bool)
+    for attn_mask in (mask, mask.expand(2, 24, 24)):
+        torch.testing.assert_close(gqa(x, attn_mask=attn_mask), mha(x, attn_mask=attn_mask), atol=ATOL, rtol=0)
+    caches = gqa.new_cache(2), mha.new_cache(2)
+    out = []
+    for m_, cache in zip((gqa, mha), caches):
+        m_(x[:, :10], cache=cache)
+        cache.rollback([6, 10])
+        chunk = torch.stack([x[0, 6:11], x[1, 10:15]])
+        ragged = m_(chunk, cache=cache)
+        cache.rollback([11, 11])
+        out.append((ragged, m_(x[:, 11:12], cache=cache)))
+    for a, b in zip(*out):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
 
 
 def test_explicit_positions_equal_default(m):
@@ -150,26 +195,30 @@ def test_explicit_causal_mask_equals_default(m):
 
 @pytest.mark.parametrize("soft", [False, True])
 def test_chunked_cross_entropy_is_the_whole_ones_loss_and_gradients(monkeypatch, soft):
-    """Past CE_CHUNK logit elements the loss takes its rows a chunk at a time (a real vocabulary's logits on many
-    rows would not fit): the same cross-entropy and the same gradients as all rows at once, for token and for
-    distribution targets; and the chunks really ran (with checkpoint: their logits recomputed in the backward)."""
+    """Past CE_CHUNK logit elements extras/real/chunked_ce.py takes the loss's rows a chunk at a time (a real
+    vocabulary's logits on many rows would not fit): the same cross-entropy and the same gradients as all rows at
+    once, for token and for distribution targets; and the chunks really ran (with checkpoint: their logits
+    recomputed in the backward). Its token_ce is mars.token_ce for token targets."""
     torch.manual_seed(0)
     m = model.GPT(tiny_config())
     x = torch.randint(V, (3, 20))
-    where = torch.rand(3, 20) < 0.7
-    n = int(where.sum())
-    targets = torch.randn(n, V).softmax(-1) if soft else torch.randint(V, (n,))
+    targets = torch.randint(V, (3, 20))
+    targets[torch.rand(3, 20) >= 0.7] = -1
+    n = int((targets != -1).sum())
+    soft_targets = torch.randn(n, V).softmax(-1) if soft else None
 
     def loss_and_grads():
         m.zero_grad(set_to_none=True)
-        ce = m(x, logits_at=where, targets=targets)
+        ce = chunked_ce.token_ce(m, x, targets, soft=soft_targets)
         ce.sum().backward()
         return ce.detach(), [p.grad.clone() for p in m.parameters()]
     whole, whole_grads = loss_and_grads()
+    if not soft:
+        torch.testing.assert_close(whole, mars.token_ce(m, x, targets).detach(), rtol=0, atol=0)
     calls = []
-    monkeypatch.setattr(model, "CE_CHUNK", 7 * V)  # 7 rows a chunk
-    monkeypatch.setattr(model, "checkpoint", lambda f, *a, **k: calls.append(1) or torch.utils.checkpoint.checkpoint(
-        f, *a, **k))
+    monkeypatch.setattr(chunked_ce, "CE_CHUNK", 7 * V)  # 7 rows a chunk
+    monkeypatch.setattr(chunked_ce, "checkpoint", lambda f, *a, **k: calls.append(1) or
+                        torch.utils.checkpoint.checkpoint(f, *a, **k))
     chunked, chunked_grads = loss_and_grads()
     assert len(calls) == -(-n // 7) > 1
     torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-6)

@@ -6,7 +6,7 @@ import torch
 
 import mars
 import model as model_lib
-import engine
+from extras.engine import engine
 import checkpoint
 import sample
 from conftest import EOT, MASK, V, random_model, random_prompts, tiny_config
@@ -285,15 +285,15 @@ def test_context_limit(m):
 
 
 class CacheHighWater:
-    """Wraps model.KVCache.write_plan: records each cached forward's need (longest cached row + window width)."""
+    """Wraps model.KVCache.append: records each cached forward's need (longest cached row + window width)."""
 
     def __init__(self, monkeypatch):
-        self.needs, plan = [], model_lib.KVCache.write_plan
+        self.needs, plan = [], model_lib.KVCache.append
 
         def spy(kv, positions):
             self.needs.append((max(kv.lengths) + positions.shape[-1], kv.max_len))
             return plan(kv, positions)
-        monkeypatch.setattr(model_lib.KVCache, "write_plan", spy)
+        monkeypatch.setattr(model_lib.KVCache, "append", spy)
 
 
 def test_ragged_batches_near_the_context_limit_fit_the_kv_cache(m, monkeypatch):
@@ -423,18 +423,18 @@ def test_lossless_equals_ar(m, ar_out, B):
 
 
 class CacheSpy:
-    """Wraps model.forward: before every cached call, checks that each row's
+    """Wraps model.hidden (every forward runs it): before every cached call, checks that each row's
     first kv.lengths[b] cache entries are the keys and values of a fresh uncached
     forward over that row's final tokens (i.e. the cache holds committed tokens only)."""
 
     def __init__(self, model):
-        self.model, self.forward, self.snapshots = model, model.forward, []
-        model.forward = self
+        self.model, self.hidden, self.snapshots = model, model.hidden, []
+        model.hidden = self
 
     def __call__(self, idx, *args, cache=None, **kw):
         if cache is not None:
             self.snapshots.append((cache.k.clone(), cache.v.clone(), list(cache.lengths)))
-        return self.forward(idx, *args, cache=cache, **kw)
+        return self.hidden(idx, *args, cache=cache, **kw)
 
     def verify(self, final_ids):
         assert len(self.snapshots) > 2
@@ -459,7 +459,7 @@ def test_kv_cache_holds_exactly_the_committed_tokens(m, kw):
         try:
             g = gen(m, [p], **kw)[0]
         finally:
-            del m.forward  # back to the class's forward
+            del m.hidden  # back to the class's hidden
         spy.verify(p + g.tokens)
 
 
@@ -514,7 +514,7 @@ def test_trained_checkpoint_lossless_equals_ar_in_float32(tiny_run, splits):
 @pytest.mark.parametrize("tau", [1.0, 0.9, 0.7, 0.5, 0.3])
 def test_readable_loop_equals_engine(m, tau):
     for p in PROMPTS:
-        out, chunks = sample.generate(m, p, EOT, MASK, B=4, tau=tau, max_new_tokens=N)
+        (out, chunks), = sample.generate(m, [p], EOT, MASK, B=4, tau=tau, max_new_tokens=N)
         g = engine.generate_batch(m, [p], EOT, MASK, B=4, tau=tau, max_new_tokens=N)[0]
         assert (out, chunks) == (g.tokens, g.chunks)  # the same tokens, committed in the same forwards
         assert len(chunks) == g.forwards
@@ -526,10 +526,10 @@ def test_padding_rows_are_never_output(m):
     padded = model_lib.GPT(tiny_config(V + 8)).double().eval()
     rows = torch.cat([m.wte.weight, 3 * m.wte.weight[:8]])
     padded.load_state_dict({**m.state_dict(), "wte.weight": rows, "lm_head.weight": rows})
-    assert any(t >= V for p in PROMPTS for t in sample.generate(padded, p, EOT, MASK, B=4, tau=0.5)[0])
+    assert any(t >= V for p in PROMPTS for t in sample.generate(padded, [p], EOT, MASK, B=4, tau=0.5)[0][0])
     for tau in (1.0, 0.5):
         for p in PROMPTS:
-            out, chunks = sample.generate(padded, p, EOT, MASK, B=4, tau=tau, max_new_tokens=N, n_vocab=V)
+            (out, chunks), = sample.generate(padded, [p], EOT, MASK, B=4, tau=tau, max_new_tokens=N, n_vocab=V)
             g = engine.generate_batch(padded, [p], EOT, MASK, B=4, tau=tau, max_new_tokens=N, n_vocab=V)[0]
             assert (out, chunks) == (g.tokens, g.chunks) and max(out) < V
 
@@ -543,7 +543,7 @@ def test_trained_checkpoint_readable_loop_equals_engine(tiny_run, splits):
     for tau in (1.0, 0.95, 0.9, 0.7, 0.4):
         for e in splits["test"][:24]:
             p = tok.prompt_ids(e["prompt"])
-            out, chunks = sample.generate(model, p, tok.eot, tok.mask, B, tau, n_vocab=tok.n_vocab)
+            (out, chunks), = sample.generate(model, [p], tok.eot, tok.mask, B, tau, n_vocab=tok.n_vocab)
             g = engine.generate_batch(model, [p], tok.eot, tok.mask, B=B, tau=tau, n_vocab=tok.n_vocab)[0]
             assert (out, chunks, len(chunks)) == (g.tokens, g.chunks, g.forwards), (tau, e["prompt"])
             multi += any(len(c) > 1 for c in chunks)

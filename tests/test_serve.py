@@ -6,8 +6,8 @@ import json
 import pytest
 
 import checkpoint
-import cost
-from engine import generate_batch
+from extras.engine import cost
+from extras.engine.engine import generate_batch
 from extras.serving import scheduler
 from conftest import EOT, MASK, assert_one_line_error, random_model, random_prompts, run_cli
 

@@ -65,8 +65,8 @@ def expected(loaded, prompt, tau=None, lossless=False, max_new=MAX_NEW):
     """(text, tokens, chunks) of sample.generate alone; lossless is AR's output (B = 1)."""
     model, tok, B = loaded
     ids = tok.prompt_ids(prompt)
-    out, chunks = sample.generate(model, ids, tok.eot, tok.mask, 1 if lossless else B, 0.9 if tau is None else tau,
-                                  max_new)
+    (out, chunks), = sample.generate(model, [ids], tok.eot, tok.mask, 1 if lossless else B,
+                                     0.9 if tau is None else tau, max_new)
     return tok.decode([t for t in out if t != tok.eot]), out, chunks
 
 
@@ -333,8 +333,8 @@ def slow(tiny_run):
     mid-answer, to fill the queue, or to outlast the shutdown's grace."""
     def load(seconds):
         model, tok = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(tiny_run / "mars.pt"))
-        forward = model.eval().forward
-        model.forward = lambda *a, **k: (time.sleep(seconds), forward(*a, **k))[1]
+        hidden = model.eval().hidden  # every forward runs it, the engine's too
+        model.hidden = lambda *a, **k: (time.sleep(seconds), hidden(*a, **k))[1]
         return model, tok
     return load
 

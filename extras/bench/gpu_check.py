@@ -31,7 +31,7 @@ import torch
 
 import config
 import data
-import engine
+from extras.engine import engine
 import train
 from checkpoint import check_device, load_checkpoint, model_from_checkpoint
 from config import Parser, add_device, run_cli

@@ -22,11 +22,11 @@ import statistics
 import sys
 import time
 
-import cost
+from extras.engine import cost
 import data
 from checkpoint import UserError, load_checkpoint, model_from_checkpoint
 from config import Parser, add_device, run_cli, threshold
-from engine import CACHE_MODES, decode_step, generate_batch
+from extras.engine.engine import CACHE_MODES, decode_step, generate_batch
 from extras.bench.eval import machine, read_prompts, score
 
 QUALITY_BATCH = 64  # AR's and fixed's accuracy passes: their outputs are the same at any batch size

@@ -50,10 +50,11 @@ def one_step(dtype, ce="chunked"):
 
     import config
     import mars
-    import model as gpt
+    from extras.real import chunked_ce
     from model import GPT, GPTConfig
-    if ce == "whole":  # every logit of the loss at once, as before model.cross_entropy took them in chunks
-        gpt.CE_CHUNK = 2**62
+    mars.token_ce = chunked_ce.token_ce  # the loss's logits in chunks, as train.py takes a real model's
+    if ce == "whole":  # every logit of the loss at once, as before chunked_ce took them in chunks
+        chunked_ce.CE_CHUNK = 2**62
     torch.manual_seed(0)
     marks = {"imports": rss()}
     model = GPT(GPTConfig(**QWEN25_05B))
@@ -73,7 +74,7 @@ def one_step(dtype, ce="chunked"):
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     marks["optimizer_step"] = rss()
-    return {"dtype": dtype, "ce": ce, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "ce_chunk": gpt.CE_CHUNK, "n_params": n_params, "loss": loss.item(), "seconds": round(time.time() - t0, 1),
+    return {"dtype": dtype, "ce": ce, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "ce_chunk": chunked_ce.CE_CHUNK, "n_params": n_params, "loss": loss.item(), "seconds": round(time.time() - t0, 1),
             "threads": torch.get_num_threads(), "logit_rows": 2 * int((y != -1).sum()),
             "rss_gib": {k: {"current": gib(c), "peak": gib(p)} for k, (c, p) in marks.items()}}
 
@@ -83,7 +84,7 @@ def main(argv=None):
     p.add_argument("--one", choices=["float32", "bfloat16"], help="internal: measure one precision in this process "
                                                                   "and print its JSON line")
     p.add_argument("--ce", choices=["chunked", "whole"], default="chunked", help="internal, with --one: the loss's "
-                   "logits in chunks (model.cross_entropy, as train.py runs) or all at once")
+                   "logits in chunks (extras/real/chunked_ce.py, as train.py runs) or all at once")
     p.add_argument("--compare_ce", action="store_true", help="float32 only, chunked against whole: the memory the "
                    "chunked cross-entropy saves (-> docs/memory_ce_qwen2.5-0.5b.json)")
     args = p.parse_args(argv)

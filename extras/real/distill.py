@@ -40,7 +40,7 @@ from collections import deque
 import torch
 
 import data
-import engine
+from extras.engine import engine
 from checkpoint import UserError, load_checkpoint, model_from_checkpoint
 from config import Parser, add_device, run_cli
 from extras.bench.eval import machine

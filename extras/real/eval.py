@@ -33,7 +33,8 @@ import time
 import torch
 
 import data
-import engine
+import mars
+from extras.engine import engine
 from checkpoint import UserError, load_checkpoint, model_from_checkpoint
 from config import Config, Parser, add_device, run_cli, schedule_of, threshold
 from extras.bench.stats import wilson
@@ -96,8 +97,7 @@ def ar_agreement(model, tok, prompts, base_runs, rows=8):
     for i in range(0, len(prompts), rows):
         x, y = (t.to(model.wte.weight.device) for t in data.make_batch(
             [(p + b.tokens, len(p)) for p, b in zip(prompts[i:i + rows], base_runs[i:i + rows])], tok.eot))
-        logits = model(x, logits_at=y != -1)[:, :tok.n_vocab]
-        logits[:, tok.mask] = float("-inf")  # as decoding never outputs it
+        logits = mars.banned(model.lm_head(model.hidden(x)[y != -1]), tok.mask, tok.n_vocab)  # as decoding
         hits += int((logits.argmax(-1) == y[y != -1]).sum())
         total += int((y != -1).sum())
     return round(hits / max(total, 1), 4)

@@ -28,7 +28,7 @@ class Teacher:
     def targets(self, x, y, clean_y, noisy=True):
         """(n, vocab) probabilities, one per target of mars.mars_loss's [y | clean_y] (noisy) or of clean_y alone,
         in the order of its targets != -1, row by row (clean_y: y, or y without its padding's targets)."""
-        logits = self.model(x, logits_at=y != -1).float()[:, :self.tok.n_vocab]
+        logits = self.model.lm_head(self.model.hidden(x)[y != -1]).float()[:, :self.tok.n_vocab]
         logits[:, self.tok.mask] = float("-inf")  # a placeholder is never a target
         probs = logits.softmax(-1)
         padding = mars.end_padding(y, self.tok.eot)[y != -1]

@@ -13,8 +13,8 @@ import numpy as np
 
 import data
 from checkpoint import UserError, load_checkpoint, model_from_checkpoint
-from cost import StepCost, batch_grid
-from engine import Engine, Request, decode_step
+from extras.engine.cost import StepCost, batch_grid
+from extras.engine.engine import Engine, Request, decode_step
 
 # the trace: (phase, arrival rate as a multiple of the tau = 1.0 capacity), equal durations
 PHASES = (("light", 0.5), ("overload", 1.3), ("recovery", 0.5))

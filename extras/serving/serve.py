@@ -39,7 +39,7 @@ import time
 import torch
 
 from config import Parser, add_device, run_cli, threshold
-from engine import MASK_MODES
+from extras.engine.engine import MASK_MODES
 from extras.bench.eval import machine
 from extras.serving.report import goals, markdown, plot
 from extras.serving.scheduler import (PHASES, Adaptive, Fixed, ServingEngine, VirtualClock, WallClock, by_phase,

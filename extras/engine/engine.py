@@ -1,14 +1,15 @@
-"""The batched engine: every decoding rule of the project, once.
+"""The batched engine: the paper's decoding loop (sample.generate) with the tools beyond it.
 
-sample.generate is the paper's loop for one prompt, written to be read; this is the same loop for many
-requests at once, as sample.py's batches, extras.bench.eval and extras.serving.serve run it (a test checks that at batch 1
-both commit the same tokens in the same forwards). It adds: ragged rows (a KV-cache length per batch row,
-windows right-padded); requests joining before a forward and leaving after it, each with its own tau and
-budget; three caches: none (the reference), sliding (keep the committed prefix, drop the masks after each
-forward) and the paper's block-level cache; lossless decoding and masks="auto" (as many masks as pay for
-what they cost, cost.py), both beyond the paper; a trace of what each forward fed, predicted and committed.
-On CUDA a greedy step replays a CUDA graph of its fixed shapes over a static KV cache (CudaGraphs), committing
-what the eager step commits; on a CPU the step runs eagerly, as it always has.
+sample.generate is the paper's loop, written to be read; this is the same loop for requests that join and
+leave, as sample.py's engine flags, extras.bench.eval and extras.serving.serve run it (tests check that both
+commit the same tokens in the same forwards). It reuses the loop's small rules (mars.banned, through_eot,
+cache_slots) and adds: ragged rows (a KV-cache length per batch row, windows right-padded); requests joining
+before a forward and leaving after it, each with its own tau and budget; three caches: none (the reference),
+sliding (keep the committed prefix, drop the masks after each forward) and the paper's block-level cache;
+lossless decoding and masks="auto" (as many masks as pay for what they cost, cost.py), both beyond the paper;
+a trace of what each forward fed, predicted and committed. On CUDA a greedy step replays a CUDA graph of its
+fixed shapes over a static KV cache (CudaGraphs, static_cache.py), committing what the eager step commits; on
+a CPU the step runs eagerly, as it always has.
 """
 import math
 import time
@@ -20,7 +21,8 @@ import torch
 
 import data
 import mars
-from model import StaticKVCache, check_room
+from extras.engine.static_cache import StaticKVCache
+from model import check_room
 
 CACHE_MODES = ("none", "sliding", "block")
 MASK_MODES = ("fixed", "auto")  # auto: cost.py, imported only for it
@@ -69,7 +71,7 @@ def decode_step(model, requests, kv, mask_id, *, temperature=0.0, metric="prob",
     each (rows, n_read): column 0 is the prediction after the last real token (the AR prediction), then one
     after each draft and each mask; beyond a request's own reads conf is 0. After the forward the cache holds
     every fed position; the caller rolls it back to what it keeps.
-    n_vocab: ids from there on (a real checkpoint's padding rows) are never chosen.
+    n_vocab: ids from there on (a real checkpoint's padding rows) never come out.
     graphs: the CudaGraphs that kv belongs to: a greedy step runs there, at fixed shapes."""
     device = model.wte.weight.device
     cached = [0 if kv is None else r.cached for r in requests]
@@ -85,20 +87,21 @@ def decode_step(model, requests, kv, mask_id, *, temperature=0.0, metric="prob",
     cols = torch.arange(width, device=device)
     positions = torch.tensor(cached, device=device)[:, None] + cols
     u = torch.tensor(u, device=device)[:, None]
-    flat = model(ids, positions=positions, cache=kv, logits_at=(cols >= u - 1) & (cols < u - 1 + reads))
+    flat = logits_at(model, ids, (cols >= u - 1) & (cols < u - 1 + reads), positions=positions, cache=kv)
     own = torch.arange(int(reads.max()), device=device) < reads  # (rows, n_read): the row's reads, then padding
     logits = flat.new_zeros(len(requests), own.shape[1], flat.shape[-1])
     logits[own] = flat  # row-major order on both sides
-    tokens, conf = choose(banned(logits, mask_id, n_vocab), temperature, metric, generator)
+    tokens, conf = choose(mars.banned(logits, mask_id, n_vocab), temperature, metric, generator)
     return tokens, conf * own
 
 
-def banned(logits, mask_id, n_vocab):
-    """logits with what is never an output at -inf: the <|mask|> placeholder, and ids from n_vocab on."""
-    logits[..., mask_id] = float("-inf")
-    if n_vocab is not None:
-        logits[..., n_vocab:] = float("-inf")
-    return logits
+def logits_at(model, ids, at, **forward):
+    """The model's logits where a step reads them only (a large vocabulary's cost): at bool (rows, width) ->
+    (n, vocab), in row-major order; at long (rows, r) -> (rows, r, vocab), the logits of these columns of each
+    row, at fixed shapes with no host sync (a CUDA graph captures it). forward: model.hidden's arguments."""
+    x = model.hidden(ids, **forward)
+    x = x[at] if at.dtype == torch.bool else x.gather(1, at[..., None].expand(-1, -1, x.shape[-1]))
+    return model.lm_head(x)
 
 
 # ---------------------------------------------------------------------------
@@ -141,19 +144,14 @@ def other_confidence(probs, metric):
 # ---------------------------------------------------------------------------
 # Committing
 
-def through_eot(tokens, eot_id):
-    """tokens up to and including the first <|endoftext|>: a sequence ends there."""
-    return tokens[:tokens.index(eot_id) + 1] if eot_id in tokens else tokens
-
-
 def commit(request, new, eot_id, past_eot=False):
     """Append new tokens to a request, at most what its budget leaves, cut after <|endoftext|> unless
     past_eot (the block cache fills its span); its output stops at <|endoftext|>. Returns what it kept."""
     request.accepted += len(new)
-    new = new[:request.left] if past_eot else through_eot(new[:request.left], eot_id)
+    new = new[:request.left] if past_eot else mars.through_eot(new[:request.left], eot_id)
     request.left -= len(new)
     request.ids += new
-    shown = [] if request.tokens[-1:] == [eot_id] else through_eot(new, eot_id)
+    shown = [] if request.tokens[-1:] == [eot_id] else mars.through_eot(new, eot_id)
     if shown:
         request.tokens += shown
         request.chunks.append(shown)
@@ -171,10 +169,8 @@ def lossless_commit(preds, drafts):
 
 
 def kv_slots(longest, B, cache, B_cache):
-    """KV-cache slots a row can need: it caches at most longest - 1 (longest: the most positions it fills), then a
-    forward writes the widest row's window: 2B - 1 sliding (new tokens or drafts, B - 1 masks), B_cache + 1 for the
-    block cache (or 2B - 1 if wider: under masks="auto" it slides)."""
-    return longest - 1 + max(B_cache + 1 if cache == "block" else 0, 2 * B - 1)
+    """mars.cache_slots for a cache mode: the block cache's span is B_cache (under masks="auto" it slides)."""
+    return mars.cache_slots(longest, B, B_cache if cache == "block" else 0)
 
 
 @dataclass
@@ -235,7 +231,7 @@ class Engine:
         self.waiting, self.running, self.forwards = deque(), [], 0
         self.auto = None
         if masks == "auto" and B > 1:  # t(batch, width)
-            from cost import AutoMasks
+            from extras.engine.cost import AutoMasks
             self.auto = AutoMasks(self, step_cost, decode_step)
 
     @property
@@ -381,20 +377,22 @@ def decode_examples(model, tok, examples, batch_size=64, **decode):
 # ---------------------------------------------------------------------------
 # sample.py's route to the engine, taken where one of its engine flags is given (sample.ENGINE_FLAGS)
 
-def checked(p, args):
-    """Refuses sample.py's engine flags that cannot run, or not together (p.error: one line)."""
+def check_flags(args):
+    """What is wrong with sample.py's engine flags (ValueError: one line), if they cannot run or not together."""
     if args.metric not in METRICS:
-        p.error(f"--metric: choose from {', '.join(METRICS)}, not {args.metric!r}")
+        raise ValueError(f"--metric: choose from {', '.join(METRICS)}, not {args.metric!r}")
     if args.temperature < 0:
-        p.error("--temperature must be >= 0")
+        raise ValueError("--temperature must be >= 0")
     if args.ar and args.lossless:
-        p.error("--ar and --lossless decode differently; choose one")
+        raise ValueError("--ar and --lossless decode differently; choose one")
     if args.lossless and args.temperature > 0:
-        p.error("--lossless is greedy: it reproduces --ar exactly, so --temperature does not apply")
+        raise ValueError("--lossless is greedy: it reproduces --ar exactly, so --temperature does not apply")
 
 
 def route(args, model, tok, B):
-    """sample.py's engine route: its label (which decodes, and why), and decode(examples, tau) as decode_examples."""
+    """sample.py's engine route (sample.engine_decode): its label (which decodes, and why), and
+    decode(examples, tau) as decode_examples; flags that cannot run are refused first."""
+    check_flags(args)
     options = dict(B=B, cache=args.cache, B_cache=args.B_cache, lossless=args.lossless, metric=args.metric,
                    temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens,
                    masks=args.masks)
@@ -405,7 +403,7 @@ def route(args, model, tok, B):
 # ---------------------------------------------------------------------------
 # CUDA graphs: decode_step's greedy forward at fixed shapes, replayed (the engine's default on CUDA)
 
-def chosen(model, cache, inputs, n_read, mask_id, n_vocab, metric):
+def fixed_step(model, cache, inputs, n_read, mask_id, n_vocab, metric):
     """decode_step's device part on a StaticKVCache, greedy, from one integer tensor (rows, width + 3): each row's
     window, then its cached length, the real tokens it feeds (u) and its reads. Returns decode_step's tokens and
     conf, (rows, n_read); beyond a row's reads both are 0. Nothing in it reads the host, so that a CUDA graph
@@ -413,37 +411,37 @@ def chosen(model, cache, inputs, n_read, mask_id, n_vocab, metric):
     ids, cached, u, reads = inputs[:, :-3], inputs[:, -3:-2], inputs[:, -2:-1], inputs[:, -1:]
     cols = torch.arange(ids.shape[1], device=ids.device)
     at = (u - 1 + cols[:n_read]).clamp(max=ids.shape[1] - 1)  # past a row's reads: any column, then zeroed
-    logits = model(ids, positions=cached + cols, cache=cache, logits_at=at)
-    tokens, conf = choose(banned(logits, mask_id, n_vocab), 0.0, metric)
+    logits = logits_at(model, ids, at, positions=cached + cols, cache=cache)
+    tokens, conf = choose(mars.banned(logits, mask_id, n_vocab), 0.0, metric)
     own = cols[:n_read] < reads
     return tokens * own, conf * own
 
 
 def packed(windows, cached, u, reads, width, rows, mask_id):
-    """chosen's inputs: windows right-padded with masks to width, then rows of masks at position 0 up to rows."""
+    """fixed_step's inputs: windows right-padded with masks to width, then rows of masks at position 0 up to rows."""
     real = [w + [mask_id] * (width - len(w)) + [c, n, r] for w, c, n, r in zip(windows, cached, u, reads)]
     return torch.tensor(real + [[mask_id] * width + [0, 1, 1]] * (rows - len(windows)))
 
 
 class CudaGraphs:
-    """decode_step at the GPU's speed rather than Python's (gpt-fast's recipe): a static KV cache, and `chosen` at
+    """decode_step at the GPU's speed rather than Python's (gpt-fast's recipe): a static KV cache, and `fixed_step` at
     fixed shapes, each captured once in a CUDA graph and replayed. A small model's eager forward is hundreds of
     kernel launches, each costing the host more than the GPU; a replay is one. Rows pad to a power of two, windows
     to the next of GRAPH_WIDTHS: padding sits after the real tokens, which never attend to it, and is never read;
     the keys attended, to a power of two above the positions fed (a graph per length, not the whole cache at every
-    step). A wider forward (a prompt's prefill) runs `chosen` eagerly at its own shape. compiled: torch.compile
-    `chosen` before capture (fused kernels; compiling takes a while, once per process). On a CPU nothing is
+    step). A wider forward (a prompt's prefill) runs `fixed_step` eagerly at its own shape. compiled: torch.compile
+    `fixed_step` before capture (fused kernels; compiling takes a while, once per process). On a CPU nothing is
     captured: the fixed shapes run eagerly (the tests check them there). choice: (mask_id, n_vocab, metric)."""
 
     def __init__(self, model, rows, max_len, choice, compiled):
         p = model.wte.weight
         self.cache = StaticKVCache(model.config, 1 << (rows - 1).bit_length(), max_len, p.dtype, p.device)
         self.weights, self.choice, self.compiled = weights(model), choice, compiled
-        self.run = torch.compile(chosen, dynamic=True) if compiled else chosen
+        self.run = torch.compile(fixed_step, dynamic=True) if compiled else fixed_step
         self.captured, self.holder = {}, None  # (rows, width, keys) -> (inputs, graph, outputs); who borrows it
         self.pool = None  # the graphs' memory, shared: one replays at a time, its outputs copied before the next
 
-    def chosen(self, model, inputs, n_read):
+    def fixed_step(self, model, inputs, n_read):
         return self.run(model, self.cache, inputs, n_read, *self.choice)
 
     def step(self, model, windows, cached, u, reads):
@@ -456,7 +454,7 @@ class CudaGraphs:
         self.cache.keys = min(max(1 << (end - 1).bit_length(), 128), self.cache.max_len)
         if padded is None:  # a prefill: once per prompt, eagerly
             inputs = packed(windows, cached, u, reads, width, n, mask_id).to(self.cache.k.device)
-            return self.chosen(model, inputs, max(reads))
+            return self.fixed_step(model, inputs, max(reads))
         host = packed(windows, cached, u, reads, padded, 1 << (n - 1).bit_length(), mask_id)
         shape = (*host.shape, self.cache.keys)
         if shape not in self.captured:
@@ -464,7 +462,7 @@ class CudaGraphs:
         inputs, graph, out = self.captured[shape]
         inputs.copy_(host)
         if graph is None:  # a CPU
-            out = self.chosen(model, inputs, padded)
+            out = self.fixed_step(model, inputs, padded)
         else:
             graph.replay()
         return out[0][:n, :max(reads)].clone(), out[1][:n, :max(reads)].clone()  # the next replay overwrites out
@@ -481,12 +479,12 @@ class CudaGraphs:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self.chosen(model, inputs, width)
+                    self.fixed_step(model, inputs, width)
             torch.cuda.current_stream().wait_stream(side)
             self.pool = self.pool or torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                out = self.chosen(model, inputs, width)
+                out = self.fixed_step(model, inputs, width)
         return inputs, graph, out
 
 
