@@ -1,4 +1,5 @@
 """Measurement: the paper's tables in miniature (eval.py, report.py), statistics (stats.py), the masks and
-training-step benchmarks, memory, the one-GPU check and its estimate (gpu_check.py). May import the root (the
-engine, sample, train, checkpoint.py), not another room.
+training-step benchmarks, memory, the one-GPU check and its estimate (gpu_check.py), the precision probe
+(precision.py, train.py --precision auto). May import the root (the engine, sample, train, common.py) and
+extras/checkpoints (gpu_check: the hf preset's schedule), not another room.
 """

@@ -45,8 +45,8 @@ import sys
 import torch
 
 import data
-from checkpoint import UserError, load_checkpoint, model_from_checkpoint
-from config import Parser, add_device, run_cli
+from common import UserError, load_checkpoint, model_from_checkpoint
+from common import Parser, add_device, run_cli
 from engine import MASK_MODES, METRICS, decode_examples, generate_batch
 from extras.bench.report import markdown, plot
 from extras.bench.stats import paired, wilson

@@ -5,8 +5,8 @@ transformers loads as Qwen2ForCausalLM or LlamaForCausalLM (extras/checkpoints/h
 
 A command line, so it imports checkpoint and config; neither imports it.
 """
-from checkpoint import load_checkpoint, model_from_checkpoint
-from config import Parser, run_cli
+from common import load_checkpoint, model_from_checkpoint
+from common import Parser, run_cli
 from extras.checkpoints.hf import export
 
 

@@ -1,3 +1,5 @@
 """The real-model run: self-distillation of a base model's own answers, their evaluation with checkers and a
-control, checkpoint snapshots. May import the root (the engine, checkpoint's loader) and bench.
+control, checkpoint snapshots; train.py's options beyond the paper (options.py, its hook
+train.beyond_the_paper) and soft targets (teacher.py). May import the root (the engine, common's loader)
+and bench.
 """

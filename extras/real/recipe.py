@@ -24,8 +24,8 @@ import subprocess
 import sys
 import time
 
-from checkpoint import UserError, check_device
-from config import Parser, add_device, run_cli
+from common import UserError, check_device
+from common import Parser, add_device, run_cli
 
 # Rows of 512 tokens at most. SmolLM2 answers its own requests at length: at a budget of 128 tokens, 296 of 400
 # answers were cut off on the CPU (docs/distill_self_smollm2_cpu.json), so the gpu preset gives 384. Its sizes are
