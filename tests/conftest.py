@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 torch.set_num_threads(1)
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
-import common
+import common  # noqa: E402
 import data  # noqa: E402
 import tokenizer  # noqa: E402
 import model  # noqa: E402

@@ -24,6 +24,8 @@ SEAMS = {  # (root module, the function, the module of extras/ it imports): docs
     ("train", "beyond_the_paper", "extras.real.options"),  # the loop's one hook: options beyond the paper
     ("train", "real_model", "extras.checkpoints.hf_train"),  # --init_from a real model: the hf preset
     ("train", "measured_precision", "extras.bench.precision"),  # --precision auto: the probe
+    ("data", "read_record", "extras.real.records"),  # --data with conversations or answers to evaluate
+    ("data", "check", "extras.real.records"),  # a numeric (GSM8K-style) answer
 }
 ROOMS = {  # what each room of extras/ may import besides its own modules (the root: any root module)
     "extras.checkpoints": {"model", "tokenizer", "data", "common"},

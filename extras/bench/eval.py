@@ -32,8 +32,8 @@ Writes eval.json, pareto.png and metrics.png to --out_dir and prints the tables 
 4. Your own JSONL (--data): one checkpoint (ours or a Hugging Face directory) on every record
    of a file of {prompt, answer} (GSM8K's {question, answer "... #### 72"} too) or {prompt,
    response}: accuracy and tokens per forward at tau = 1.0 and a short sweep, nothing else.
-   A numeric answer is scored as the paper's GSM8K chain of thought is (data.final_number: the
-   number after "The answer is", else the last number), any other answer exactly.
+   A numeric answer is scored as the paper's GSM8K chain of thought is (records.final_number, in
+   extras/real/records.py: the number after "The answer is", else the last number), any other answer exactly.
 """
 import json
 import math
