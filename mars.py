@@ -34,8 +34,8 @@ def mars_attention_mask(seq_len, B, offset=0):
 
 
 def noisy_copy(x, y, mask_id):
-    """Replace every response token of the input x with <|mask|>; prompt tokens stay. Position q
-    holds a response token when the target of q-1 does (y is x shifted left, -1 off the response)."""
+    """Replace every response token of the input x with <|mask|>; prompt tokens stay. Position
+    q holds a response token when the target of q-1 does (y is x shifted left, -1 elsewhere)."""
     is_response = torch.zeros_like(x, dtype=torch.bool)
     is_response[:, 1:] = y[:, :-1] != -1
     return torch.where(is_response, torch.full_like(x, mask_id), x)
@@ -48,9 +48,10 @@ def training_mask(T, B, offset, device):
 
 
 def idle_noisy_positions(y, B, offset=0):
-    """How many leading noisy positions feed nothing: those before the block of the batch's first
-    target. They hold prompt tokens, carry no loss, and no other position attends to them (noisy ->
-    noisy stays within a block; clean never sees noisy): the loss is the same without them, cheaper."""
+    """How many leading noisy positions feed nothing: those before the block of the batch's
+    first target. They hold prompt tokens, carry no loss, and no other position attends to them
+    (noisy -> noisy stays within a block; clean never sees noisy): the loss is the same without
+    them, only cheaper."""
     first_target = int((y != -1).int().argmax(1).min())
     return max(0, (first_target + offset) // B * B - offset)
 
@@ -69,29 +70,31 @@ def mars_input(x, y, mask_id, B, offset=0):
     [noisy | clean], both streams at positions 0..T-1, targets [y | y] (position q of either stream
     predicts y[q]) and the MARS mask; the noisy positions that feed nothing left out (a saving)."""
     T = x.shape[1]
-    ids = torch.cat([noisy_copy(x, y, mask_id), x], dim=1)
-    pos = torch.arange(T, device=x.device).repeat(2)
-    targets = torch.cat([y, y], dim=1)
+    ids = torch.cat([noisy_copy(x, y, mask_id), x], dim=1)  # [noisy | clean]
+    pos = torch.arange(T, device=x.device).repeat(2)  # both streams at 0..T-1
+    targets = torch.cat([y, y], dim=1)  # position q of either stream predicts y[q]
     attn_mask = training_mask(T, B, offset, x.device)
-    skip = idle_noisy_positions(y, B, offset)
+    skip = idle_noisy_positions(y, B, offset)  # only a saving
     return ids[:, skip:], pos[skip:], targets[:, skip:], attn_mask[skip:, skip:]
 
 
 def mars_loss(model, x, y, mask_id, B, ar_weight=1.0):
-    """Returns (loss, noisy_loss, clean_loss): one forward over [noisy | clean] under the MARS mask.
-    The loss is, per sequence, the mean over its response tokens of CE(noisy) + ar_weight * CE(clean),
-    then the mean over sequences: a short answer weighs as much as a long one (the official
-    trainer's normalisation)."""
+    """Returns (loss, noisy_loss, clean_loss): one forward over [noisy | clean] under the MARS
+    mask. The loss is, per sequence, the mean over its response tokens of CE(noisy) + ar_weight *
+    CE(clean), then the mean over sequences: a short answer weighs as much as a long one (the
+    official trainer's normalisation)."""
     ids, pos, targets, attn_mask = mars_input(x, y, mask_id, B)
     ce = token_ce(model, ids, targets, pos, attn_mask)
     T, n = x.shape[1], (y != -1).sum(1).clamp_min(1)  # response tokens per sequence
     noisy, clean = ce[:, :-T].sum(1) / n, ce[:, -T:].sum(1) / n  # clean: the last T positions
-    return (noisy + ar_weight * clean).mean(), noisy.mean(), clean.mean()
+    loss = (noisy + ar_weight * clean).mean()  # CE(noisy) + alpha * CE(clean)
+    return loss, noisy.mean(), clean.mean()
 
 
 def ar_loss(model, x, y, per_sequence=False):
-    """Next-token cross-entropy on the response tokens: the token mean for stage 1 (as the official
-    SFT trainer averages), or per_sequence, exactly mars_loss's clean term (the like-for-like control)."""
+    """Next-token cross-entropy on the response tokens: the token mean for stage 1 (as the
+    official SFT trainer averages), or per_sequence, exactly mars_loss's clean term (the
+    like-for-like control)."""
     ce, where = token_ce(model, x, y), y != -1
     return (ce.sum(1) / where.sum(1).clamp_min(1)).mean() if per_sequence else ce[where].mean()
 

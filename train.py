@@ -41,10 +41,9 @@ from model import GPT, GPTConfig
 
 # ---------------------------------------------------------------------------
 # The toy presets: one source of truth for every number. Every preset takes COMMON, and a flag
-# overrides one
-# entry. precision: of the autocast a training forward runs in; "auto" measures which is faster
-# (derive).
-# The real-model preset, hf (the paper's recipe), is extras/checkpoints/hf_train.py's HF_PRESET.
+# overrides one entry. precision: of the autocast a training forward runs in; "auto" measures
+# which is faster (derive). The real-model preset, hf (the paper's recipe), is HF_PRESET in
+# extras/checkpoints/hf_train.py.
 COMMON = dict(B=4, buckets=16, grad_clip=1.0, seed=0, precision="auto", micro_batch=None,
               epochs=None, tasks=None)
 TOY = dict(COMMON, warmup=0.05, weight_decay=0.1, betas=[0.9, 0.95])
@@ -57,12 +56,10 @@ PRESETS = {
     "cpu": dict(TOY, n_layer=4, n_head=4, n_embd=256, max_seq_len=64, vocab_size=2048,
                 n_train=40000, summary_limit=None, batch_size=32, ar_iters=5000, mars_iters=2400,
                 lr=2e-3, mars_lr=2e-3, eval_every=200, save_every=200),
-    # course: a class sees MARS work in a few minutes on a laptop CPU: six of the ten families (the
-    # templated
-    # ones, whose answers MARS can commit several tokens at a time), a narrower model, fewer steps;
-    # chosen on
-    # validation prompts (docs/course_search_cpu.json). The default run teaches the quality, this
-    # the mechanism.
+    # course: a class sees MARS work in a few minutes on a laptop CPU: six of the ten families
+    # (the templated ones, whose answers MARS can commit several tokens at a time), a narrower
+    # model, fewer steps; chosen on validation prompts (docs/course_search_cpu.json). The default
+    # run teaches the quality, this the mechanism.
     "course": dict(TOY, n_layer=4, n_head=4, n_embd=128, max_seq_len=64, vocab_size=2048, n_train=40000,
                    tasks=["spell", "reverse", "copy", "words", "convert", "facts"], summary_limit=300,
                    batch_size=32, ar_iters=1500, mars_iters=800, lr=3e-3, mars_lr=3e-3, eval_every=500,
@@ -72,11 +69,9 @@ PRESETS = {
                 lr=1e-3, mars_lr=1e-3, eval_every=500, save_every=500),
 }
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
-# a step's time against stage 1's (docs/profile_cpu.json)
-STEP_TIME = {"ar": 1.0, "control": 1.0, "mars": 1.9}
+STEP_TIME = {"ar": 1.0, "control": 1.0, "mars": 1.9}  # a step's time (docs/profile_cpu.json)
 EVAL_BATCH = 64  # prompts decoded at once when scoring: one forward serves them all
-# the validation loss's random draws: the same at every evaluation, so that they compare
-VAL_SEED = 1234
+VAL_SEED = 1234  # the validation loss's random draws: the same at every evaluation
 VAL_SEQS = 256  # validation sequences the validation loss averages over
 
 
@@ -99,8 +94,7 @@ class Stage:
         self.name, self.raw_model, self.tok, self.cfg, self.hf = name, model, tok, cfg, hf
         self.t_created = time.time()
         (self.rank, self.world), self.path = dist_info, os.path.join(cfg.out_dir, f"{name}.pt")
-        # stage 2 and the control pad to B's multiples
-        self.multiple = 1 if name == "ar" else cfg.B
+        self.multiple = 1 if name == "ar" else cfg.B  # stage 2, the control: B's multiples
         self.seqs = data.tokenize(splits["train"], tok, cfg.max_seq_len, self.multiple)
         self.val_seqs = data.tokenize(splits["val"], tok, cfg.max_seq_len, self.multiple)
         self.val_seqs = self.val_seqs[:VAL_SEQS]
@@ -119,10 +113,8 @@ class Stage:
                   for d, wd in ((2, cfg.weight_decay), (1, 0.0))]  # decay matrices only
         # fused: 7-15% faster a step on the CPU too (docs/train_cpu.json: fused_optimizer_ab)
         self.optimizer = torch.optim.AdamW(groups, self.peak_lr, tuple(cfg.betas), fused=True)
-        # control, mars: same batches
-        self.order = torch.Generator().manual_seed(cfg.seed + (name != "ar"))
+        self.order = torch.Generator().manual_seed(cfg.seed + (name != "ar"))  # mars = control
         self.first_step, self.history = (state["iter"], state["history"]) if state else (0, [])
-        # before a stop
         self.seconds_before = self.history[-1]["elapsed_s"] if self.history else 0.0
         if state:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -254,8 +246,7 @@ def ctrl_c(stage):
     pressed, handler = [], signal.signal(signal.SIGINT, lambda *_: pressed.append(1))
 
     def stop_now():
-        # NCCL reduces CUDA tensors
-        stop = torch.tensor(float(bool(pressed)), device=stage.cfg.device)
+        stop = torch.tensor(float(bool(pressed)), device=stage.cfg.device)  # NCCL: device tensors
         if stage.world > 1:  # every process stops at the same step
             dist.all_reduce(stop)
         return bool(stop.item())
