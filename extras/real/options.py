@@ -58,15 +58,12 @@ class Options:
         return y.masked_fill(end_padding(y, self.tok.eot), -1)
 
     def ce(self, model, ids, targets, positions=None, attn_mask=None, soft=None):
-        """mars.token_ce, or from the hidden states a chunk of rows at a time (a real model; soft targets)."""
+        """mars.token_ce, or a chunk of rows at a time from the hidden states (a real model's
+        vocabulary; soft targets): extras/real/chunked_ce.py."""
         if soft is None and not self.cfg.from_hf:
             return mars.token_ce(model, ids, targets, positions, attn_mask)
-        from extras.real import chunked_ce  # a real vocabulary's logits, a chunk at a time
-        where = targets != -1
-        h = model.hidden(ids, positions, attn_mask, None)[where]
-        ce = torch.zeros(targets.shape, device=targets.device)
-        ce[where] = chunked_ce.cross_entropy(model.lm_head, h, targets[where] if soft is None else soft)
-        return ce
+        from extras.real import chunked_ce
+        return chunked_ce.token_ce(model, ids, targets, positions, attn_mask, soft)
 
     def loss(self, model, x, y, draws, rows=None):
         """The stage's loss and what to log, as train.Stage.loss gives them; rows: this micro-batch's share
