@@ -15,7 +15,7 @@ import sample
 import train
 from extras.bench import eval as evaluate
 from extras.checkpoints import export, hf_train
-from extras.real import records
+from extras.real.records import final_number
 from test_hf import build, hf_greedy
 
 SYSTEM = "You are a terse assistant."
@@ -199,7 +199,7 @@ def test_hf_schedule_gives_way_to_the_flags_and_the_run_records_it():
     ("", None),
 ])
 def test_final_number(text, answer):
-    assert records.final_number(text) == answer
+    assert final_number(text) == answer
 
 
 def test_number_checker_and_eval_records(tmp_path):
@@ -229,7 +229,7 @@ def test_eval_data_scores_a_users_jsonl(qwen, mars_run, tmp_path, capsys):
     sample.main(["--ckpt", str(mars_run), "--json", "--ar", "--max_new_tokens", "12", "--device", "cpu",
                  "--prompt", PROMPT])
     text = json.loads(capsys.readouterr().out)["text"]
-    number = records.final_number(text)
+    number = final_number(text)
     assert data.read_record({"prompt": "p", "answer": text})["task"] == "custom"
     jsonl = tmp_path / "eval.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in [
