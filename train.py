@@ -477,18 +477,15 @@ def resolve(p, args):
     if args.mask_row != "own" and not from_hf:
         p.error("--mask_row is for a real model (--init_from DIR): the toy learns its row")
     numbers = dict(COMMON, **real_model().HF_PRESET) if preset == "hf" else PRESETS[preset]
-    # win over hf's schedule
-    given = [name for name, _, _ in OVERRIDES if getattr(args, name) is not None]
+    given = [name for name, _, _ in OVERRIDES if getattr(args, name) is not None]  # beat hf's
     flags = {k: v for k, v in vars(args).items() if v is not None}
     c = {**vars(args), **numbers, **flags, "preset": preset, "from_hf": from_hf, "given": given,
          "schedule": {}}
     c["precision_why"] = None if c["precision"] == "auto" else {  # derive fills it for auto
         "dtype": c["precision"],
         "reason": f"--precision {args.precision}" if args.precision else f"the {preset} preset's"}
-    # the checkpoint must find it from anywhere
-    c["data"] = args.data and os.path.abspath(args.data)
-    # a GPU per process
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and args.device.startswith("cuda"):
+    c["data"] = args.data and os.path.abspath(args.data)  # the checkpoint finds it from anywhere
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and args.device.startswith("cuda"):  # torchrun
         c["device"] = f"cuda:{int(os.environ['LOCAL_RANK'])}"
     refuse(p, c, args, from_hf)
     c["ar_weight"] = 0.0 if args.no_sft else 1.0 if args.ar_weight is None else args.ar_weight
@@ -533,8 +530,7 @@ def config_text(cfg):
     return "config:\n" + textwrap.indent(textwrap.fill(" ".join(words), 96), "  ")
 
 
-# [noisy | clean] positions up to which bf16 attention on the CPU is faster on math
-MATH_ATTENTION_MAX = 128
+MATH_ATTENTION_MAX = 128  # [noisy | clean] positions where bf16 math attention is faster on a CPU
 
 
 def autocast(device, dtype, max_seq_len):
