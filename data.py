@@ -6,7 +6,6 @@ length_buckets and tokenize take that multiple. The built-in instruction set is 
 families, each with one exact answer and a checker, mixing predictable
 template text ("The answer is") with genuinely hard tokens (digits, letters).
 """
-import decimal
 import hashlib
 import json
 import random
@@ -194,27 +193,12 @@ TASKS = {
 }
 
 
-# A number as GSM8K chain-of-thought answers write it: sign, optional $, digits with commas, decimals
-NUMBER = r"-?\$?\d[\d,]*(?:\.\d+)?"
-
-
-def final_number(text):
-    """The final answer of a chain of thought, scored as lm-eval's gsm8k_cot does (the paper's
-    evaluation): the number after the first "The answer is" (strict match), else the last
-    number in the text (flexible extract); None when there is none. Commas and $ are dropped, and
-    the number is normalised (1,234.0 -> 1234)."""
-    strict = re.search(f"The answer is ({NUMBER})", text)
-    numbers = [strict.group(1)] if strict else re.findall(NUMBER, text)
-    if not numbers:
-        return None
-    return format(decimal.Decimal(numbers[-1].replace(",", "").replace("$", "")).normalize(), "f")
-
-
 def check(example, response):
     """True when `response` carries exactly the example's answer. Task "number" (a user's eval
-    JSONL of {prompt, answer}, e.g. GSM8K): the final number of the response equals the answer's."""
+    JSONL of {prompt, answer}, e.g. GSM8K): extras/real/records.py checks its final number."""
     if example["task"] == "number":
-        return final_number(response) is not None and final_number(response) == final_number(example["answer"])
+        from extras.real.records import same_number  # the seam for GSM8K-style answers
+        return same_number(response, example["answer"])
     extract = TASKS[example["task"]][1] if example["task"] in TASKS else None
     response = response.strip()
     if extract is None:
@@ -273,41 +257,15 @@ def build_instruction_set(seed=0, n_train=40000, n_val=500, n_test=2000, tasks=N
     return splits
 
 
-ROLES = ("system", "user", "assistant")
-
-
 def read_record(rec):
-    """One line of a user's JSONL as an example {"task", "prompt", "response" (if any), "answer"}.
-
-    {"prompt", "response"}: one user turn and its answer. {"messages": [...]}: an optional system
-    turn, then user and assistant turns, the last an assistant's; only that last turn is trained
-    (as the official data map does), everything before it is the prompt, rendered by the model's
-    chat template (a lone user turn becomes a plain prompt string). {"prompt", "answer"} without a
-    response is for evaluation only ("question" is accepted for "prompt", and GSM8K's "... #### 72"
-    answers keep what follows ####). The checker: an answer that is a number is scored by its final
-    number (task "number", GSM8K chain-of-thought style: `final_number`), any other text exactly
-    (task "custom"); without an "answer" the expected answer is the response."""
-    if "messages" in rec:
-        msgs = [{"role": m["role"], "content": m["content"]} for m in rec["messages"]]
-        roles = [m["role"] for m in msgs]
-        if (len(msgs) < 2 or roles[-2:] != ["user", "assistant"] or "system" in roles[1:]
-                or not set(roles) <= set(ROLES) or not all(isinstance(m["content"], str) for m in msgs)):
-            raise ValueError("messages must be an optional system turn, then user and assistant turns with text "
-                             "content, ending with a user turn and the assistant's answer")
-        prompt, response = (msgs[0]["content"] if len(msgs) == 2 else msgs[:-1]), msgs[-1]["content"]
-    else:
-        prompt, response = rec["prompt"] if "prompt" in rec else rec["question"], rec.get("response")
-        if not isinstance(prompt, str):
-            raise ValueError("prompt must be a string (a conversation goes in messages)")
-    if response is None and "answer" not in rec:
-        raise ValueError("a record needs a response (to train on) or an answer (to evaluate)")
-    answer = response if "answer" not in rec else str(rec["answer"]) if type(rec["answer"]) in (int, float) \
-        else rec["answer"]
-    if not (isinstance(answer, str) and isinstance(response, (str, type(None)))):
-        raise ValueError("response and answer must be strings")
-    answer = answer.rsplit("####", 1)[-1].strip() if "answer" in rec else answer.strip()
-    task = "number" if "answer" in rec and re.fullmatch(NUMBER, answer) else "custom"
-    return dict(task=task, prompt=prompt, answer=answer, **({} if response is None else {"response": response}))
+    """One line of a user's JSONL as an example {"task", "prompt", "response", "answer"}: the toy's
+    {"prompt", "response"} here; any other form ({"messages"}, an "answer" to evaluate, GSM8K) is
+    read by extras/real/records.py (the seam)."""
+    if rec.keys() == {"prompt", "response"} and all(isinstance(v, str) for v in rec.values()):
+        return dict(task="custom", prompt=rec["prompt"], answer=rec["response"].strip(),
+                    response=rec["response"])
+    from extras.real.records import read_record as read_other
+    return read_other(rec)
 
 
 def read_jsonl(path, need_response=False):

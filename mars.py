@@ -7,7 +7,6 @@ token q+1 for real tokens and masks alike ("right-shifted logits"); B is the
 MARS block size; tau the acceptance threshold; ar_weight the paper's alpha.
 """
 import functools
-from dataclasses import dataclass
 
 import torch
 
@@ -22,8 +21,8 @@ def mars_attention_mask(seq_len, B, offset=0):
       noisy -> noisy: same block and pos_j <= pos_i          (causal within a block)
       noisy -> clean: block(j) < block(i)                    (earlier blocks only)
       clean -> noisy: never
-    The paper's grid is offset 0 (blocks at multiples of B from the sequence start); a nonzero
-    offset shifts every boundary (an ablation: train.py --block_offset random)."""
+    The paper's grid is offset 0 (blocks at multiples of B from the sequence start); the ablation
+    train.py --block_offset random shifts every boundary (extras/real/options.py)."""
     pos = torch.arange(seq_len)
     blk = (pos + offset) // B
     causal = pos[None, :] <= pos[:, None]
@@ -35,8 +34,8 @@ def mars_attention_mask(seq_len, B, offset=0):
 
 
 def noisy_copy(x, y, mask_id):
-    """Replace every response token of the input x with <|mask|>; prompt tokens stay. Position q
-    holds a response token when the target of q-1 does (y is x shifted left, -1 outside the response)."""
+    """Replace every response token of the input x with <|mask|>; prompt tokens stay. Position
+    q holds a response token when the target of q-1 does (y is x shifted left, -1 elsewhere)."""
     is_response = torch.zeros_like(x, dtype=torch.bool)
     is_response[:, 1:] = y[:, :-1] != -1
     return torch.where(is_response, torch.full_like(x, mask_id), x)
@@ -44,14 +43,15 @@ def noisy_copy(x, y, mask_id):
 
 @functools.lru_cache(maxsize=256)
 def training_mask(T, B, offset, device):
-    """mars_attention_mask(T, B, offset) on device, built once per shape rather than at every step."""
+    """mars_attention_mask(T, B, offset) on device, built once per shape, not at every step."""
     return mars_attention_mask(T, B, offset).to(device)
 
 
 def idle_noisy_positions(y, B, offset=0):
-    """How many leading noisy positions feed nothing: those before the block of the batch's first target.
-    They hold prompt tokens, carry no loss, and no other position attends to them (noisy -> noisy stays
-    within a block; clean never sees noisy), so mars_loss is the same without them, only cheaper."""
+    """How many leading noisy positions feed nothing: those before the block of the batch's
+    first target. They hold prompt tokens, carry no loss, and no other position attends to them
+    (noisy -> noisy stays within a block; clean never sees noisy): the loss is the same without
+    them, only cheaper."""
     first_target = int((y != -1).int().argmax(1).min())
     return max(0, (first_target + offset) // B * B - offset)
 
@@ -62,32 +62,37 @@ def token_ce(model, ids, targets, positions=None, attn_mask=None):
     return model(ids, targets, positions=positions, attn_mask=attn_mask)
 
 
-def mars_loss(model, x, y, mask_id, B, ar_weight=1.0, beyond=None):
-    """Returns (loss, noisy_loss, clean_loss) for inputs x and targets y (b, T), y = -1 off the response.
-    One forward over [noisy | clean], both streams at positions 0..T-1, under the MARS mask. The loss is,
-    per sequence, the mean over its response tokens of CE(noisy) + ar_weight * CE(clean), then the mean
-    over sequences: a short answer weighs as much as a long one (the official trainer's "sequence"
-    normalisation). beyond: a Beyond of the last section (ablations and options); None is the paper."""
-    o = beyond or Beyond()
+def mars_input(x, y, mask_id, B, offset=0):
+    """The MARS forward's input for x and its targets y (b, T), y = -1 off the response: ids
+    [noisy | clean], both streams at positions 0..T-1, targets [y | y] (position q of either stream
+    predicts y[q]) and the MARS mask; the noisy positions that feed nothing left out (a saving)."""
     T = x.shape[1]
     ids = torch.cat([noisy_copy(x, y, mask_id), x], dim=1)  # [noisy | clean]
-    pos = torch.arange(T, device=x.device).repeat(2)  # shared positions: both streams at 0..T-1
-    clean_y = y if o.clean_y is None else o.clean_y
-    targets = torch.cat([y, clean_y], dim=1)  # position q of either stream predicts y[q]
-    attn_mask = training_mask(T, B, o.offset, x.device)
-    skip = idle_noisy_positions(y, B, o.offset)  # only a saving: drop noisy positions that feed nothing
-    ids, pos, targets, attn_mask = ids[:, skip:], pos[skip:], targets[:, skip:], attn_mask[skip:, skip:]
-    ce = (token_ce if o.soft is None else soft_ce(o.soft))(model, ids, targets, pos, attn_mask)
-    n, n_clean = ((t != -1).sum(1).clamp_min(1) for t in (y, clean_y))  # response tokens per sequence
-    noisy, clean = ce[:, :-T].sum(1) / n, ce[:, -T:].sum(1) / n_clean  # the clean stream is the last T positions
-    return (o.noisy_weight * noisy + ar_weight * clean).mean(), noisy.mean(), clean.mean()
+    pos = torch.arange(T, device=x.device).repeat(2)  # both streams at 0..T-1
+    targets = torch.cat([y, y], dim=1)  # position q of either stream predicts y[q]
+    attn_mask = training_mask(T, B, offset, x.device)
+    skip = idle_noisy_positions(y, B, offset)  # only a saving
+    return ids[:, skip:], pos[skip:], targets[:, skip:], attn_mask[skip:, skip:]
 
 
-def ar_loss(model, x, y, per_sequence=False, soft=None):
-    """Next-token cross-entropy on the response tokens: the token mean for stage 1 (as the official SFT
-    trainer averages), or per_sequence, exactly the clean term of mars_loss (the like-for-like control;
-    soft as there)."""
-    ce, where = (token_ce if soft is None else soft_ce(soft))(model, x, y), y != -1
+def mars_loss(model, x, y, mask_id, B, ar_weight=1.0):
+    """Returns (loss, noisy_loss, clean_loss): one forward over [noisy | clean] under the MARS
+    mask. The loss is, per sequence, the mean over its response tokens of CE(noisy) + ar_weight *
+    CE(clean), then the mean over sequences: a short answer weighs as much as a long one (the
+    official trainer's normalisation)."""
+    ids, pos, targets, attn_mask = mars_input(x, y, mask_id, B)
+    ce = token_ce(model, ids, targets, pos, attn_mask)
+    T, n = x.shape[1], (y != -1).sum(1).clamp_min(1)  # response tokens per sequence
+    noisy, clean = ce[:, :-T].sum(1) / n, ce[:, -T:].sum(1) / n  # clean: the last T positions
+    loss = (noisy + ar_weight * clean).mean()  # CE(noisy) + alpha * CE(clean)
+    return loss, noisy.mean(), clean.mean()
+
+
+def ar_loss(model, x, y, per_sequence=False):
+    """Next-token cross-entropy on the response tokens: the token mean for stage 1 (as the
+    official SFT trainer averages), or per_sequence, exactly mars_loss's clean term (the
+    like-for-like control)."""
+    ce, where = token_ce(model, x, y), y != -1
     return (ce.sum(1) / where.sum(1).clamp_min(1)).mean() if per_sequence else ce[where].mean()
 
 
@@ -140,42 +145,3 @@ def cache_slots(longest, B, span=0):
     and answer), then a forward writes the widest window: 2B - 1 (fresh tokens, B - 1 masks), or
     span + 1 if wider (the engine's block cache feeds a span of B_cache positions)."""
     return longest - 1 + max(2 * B - 1, span + 1)
-
-
-# ---------------------------------------------------------------------------
-# Beyond the paper: the ablations and options train.py offers (decoding's tools: extras/engine). A reader
-# of the method need not read on; each exists for the one user it names.
-
-@dataclass(frozen=True)
-class Beyond:
-    """mars_loss's ablations and options; the defaults are the paper's."""
-    offset: int = 0  # shifts every block boundary: the ablation train.py --block_offset random
-    noisy_weight: object = 1.0  # (b,) weights of the noisy loss: the "w/o SFT loss" ablation's 1/t (no_sft_weights)
-    clean_y: object = None  # the clean stream's own targets: train.py --clean_padding drop
-    soft: object = None  # (n, vocab), in the order of [y | clean_y] != -1: --targets soft (extras/real/teacher.py)
-
-
-def soft_ce(soft):
-    """token_ce against distributions: soft (n, vocab), one per target, in the order of
-    targets[targets != -1] (--targets soft)."""
-    def ce(model, ids, targets, positions=None, attn_mask=None):
-        where, out = targets != -1, torch.zeros(targets.shape, device=targets.device)
-        logits = model.lm_head(model.hidden(ids, positions, attn_mask)[where]).float()
-        out[where] = torch.nn.functional.cross_entropy(logits, soft, reduction="none")
-        return out
-    return ce
-
-
-def end_padding(y, eot_id):
-    """Where y's targets come after each sequence's first end of turn: the padding to B's multiple, which
-    train.py --clean_padding drop leaves out of the clean stream and --targets soft keeps one-hot."""
-    eot = y == eot_id
-    return eot & (eot.cumsum(1) > 1)
-
-
-def no_sft_weights(b, generator=None, device="cpu", eps=1e-3):
-    """1/t per sequence, t ~ U[eps, 1): the noisy-loss weights of the paper's
-    "w/o SFT loss" trainer, the masked-diffusion weighting it inherits (its
-    noisy stream is always fully masked, so t only sets the weight)."""
-    t = eps + (1 - eps) * torch.rand(b, generator=generator)
-    return (1 / t).to(device)

@@ -21,8 +21,8 @@ import torch
 
 import data
 import mars
-from checkpoint import UserError, load_checkpoint, model_from_checkpoint
-from config import Parser, add_device, run_cli, threshold
+from common import UserError, load_checkpoint, model_from_checkpoint
+from common import Parser, add_device, run_cli, threshold
 from model import check_room
 
 

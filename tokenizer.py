@@ -110,11 +110,11 @@ class Tokenizer:
     @classmethod
     def from_state(cls, state, chat=None):
         """chat: the renderer of a state whose template is not the toy's (a Hugging Face model's Jinja template),
-        built by the caller (checkpoint.tokenizer_from_state), so that this module needs no jinja2."""
+        built by the caller (common.tokenizer_from_state), so that this module needs no jinja2."""
         ranks = {bytes.fromhex(t): i for i, t in enumerate(state["tokens"]) if t}
         if chat is None and state.get("chat_template", TOY_TEMPLATE) != TOY_TEMPLATE:
             raise ValueError("this tokenizer has its own chat template: give from_state its renderer "
-                             "(checkpoint.tokenizer_from_state builds it)")
+                             "(common.tokenizer_from_state builds it)")
         return cls(state["pattern"], ranks, state.get("specials"), state.get("ordinary"), state.get("normalizer"),
                    chat or ToyChat())
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 torch.set_num_threads(1)
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
-import config  # noqa: E402
+import common  # noqa: E402
 import data  # noqa: E402
 import tokenizer  # noqa: E402
 import model  # noqa: E402
@@ -99,7 +99,7 @@ SCRIPTS = ("train.py", "sample.py", "extras/bench/eval.py", "extras/serving/serv
 def run_cli(args, stdin=None, timeout=300, env=None, cwd=ROOT, fresh=False):
     """Run `python <args>` from the repo root; returns a CompletedProcess (text).
 
-    One of the project's scripts runs in this process: its main, under config.run_cli as its
+    One of the project's scripts runs in this process: its main, under common.run_cli as its
     `__main__` runs it, with sys.argv, stdin, stdout and stderr swapped in, and an uncaught
     exception printed as the interpreter prints it. That is the script's whole behaviour
     but for what only a process shows, and it saves the seconds a new interpreter spends
@@ -120,7 +120,7 @@ def run_cli(args, stdin=None, timeout=300, env=None, cwd=ROOT, fresh=False):
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                config.run_cli(main)
+                common.run_cli(main)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
             except Exception:

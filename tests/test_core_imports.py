@@ -49,7 +49,8 @@ def test_root_modules_import_without_the_hugging_face_stack():
     assert proc.stdout.strip() == f"imported {len(names)} root modules"
 
 
-SPINE = {"model", "mars", "train", "sample", "data", "tokenizer", "config", "checkpoint"}
+SPINE = {"model", "mars", "train", "sample", "data", "tokenizer", "common"}
+PROBE = {"extras/__init__", "extras/bench/__init__", "extras/bench/precision"}  # train.measured_precision
 LOADED = """
 import os, runpy, sys
 sys.argv = ARGV
@@ -73,7 +74,9 @@ def project_modules(argv, cwd):
 
 def test_the_papers_path_imports_the_spine_alone(tiny_run, tmp_path):
     """python train.py and python sample.py run on the method's files; the engine comes in only for a flag that
-    needs it (extras/engine), its cost model only for --masks auto, the precision probe only for --precision auto."""
+    needs it, cost.py only for --masks auto, and the precision probe (extras/bench/precision.py) only for
+    --precision auto, through train.measured_precision: the default cpu preset's precision is auto, so a
+    plain `python train.py` on a CPU reaches extras/ there and nowhere else."""
     train, sample, mars_pt = ROOT / "train.py", ROOT / "sample.py", tiny_run / "mars.pt"
     ran = project_modules([train, "--preset", "tiny", "--ar_iters", "2", "--mars_iters", "2", "--n_train", "300",
                            "--summary_limit", "4", "--out_dir", tmp_path, "--device", "cpu"], tmp_path)
@@ -86,4 +89,4 @@ def test_the_papers_path_imports_the_spine_alone(tiny_run, tmp_path):
     assert auto == SPINE - {"train"} | engine | {"extras/engine/cost"}
     probed = project_modules([train, "--preset", "tiny", "--stage", "ar", "--ar_iters", "1", "--n_train", "300",
                               "--summary_limit", "2", "--precision", "auto", "--out_dir", tmp_path / "p"], tmp_path)
-    assert probed == SPINE | {"precision"}
+    assert probed == SPINE | PROBE

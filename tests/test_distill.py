@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-import checkpoint
+import common
+import train
 import data
 from extras.engine import engine
 from conftest import assert_one_line_error, run_cli
@@ -92,7 +93,7 @@ def test_distill_writes_the_models_greedy_answers_and_the_cut_off_ones_apart(tin
     assert stats["train"]["kept"] == len(train) and stats["train"]["cut_off"] == len(cut)
     assert stats["command"].startswith("python -m extras.real.distill") and f"{len(cut)} answers" in said
     assert not (out / "train.jsonl.partial").exists()
-    model, tok = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(tiny_run / "ar.pt"))
+    model, tok = common.model_from_checkpoint(common.load_checkpoint(tiny_run / "ar.pt"))
     prompts = [tok.prompt_ids(r["prompt"]) for r in train]
     for r, done in zip(train, engine.generate_batch(model.eval(), prompts, tok.eot, tok.mask, max_new_tokens=BUDGET)):
         assert done.tokens[-1] == tok.eot and tok.decode(done.tokens[:-1]) == r["response"]  # greedy, not cut off
@@ -131,7 +132,7 @@ def test_distill_resumes_from_its_partial_file(distilled):
     assert f"resuming: 1 of {N_TRAIN + N_VAL}" in run_distill(args)
     assert {"prompt": train[0]["prompt"], "response": "planted"} in read(out / "train.jsonl") + read(out / "train_cut_off.jsonl")
     partial.write_text(json.dumps({**planted, "prompt": "not one of its prompts"}) + "\n")
-    with pytest.raises(checkpoint.UserError, match="other prompts"):
+    with pytest.raises(common.UserError, match="other prompts"):
         run_distill(args)
     partial.unlink()
 

@@ -12,7 +12,7 @@ import torch
 
 import data
 from extras.bench import eval as ev
-import checkpoint
+import common
 from extras.bench.stats import mcnemar_p, newcombe_paired, paired, wilson
 
 
@@ -88,7 +88,7 @@ def test_eval_writes_tables(tiny_run, tmp_path):
     # every row's figures are those of its own checkpoint and decoder, recomputed here in-process
     test = data.load_splits(control["train_config"]["data"], control["train_config"]["seed"],
                             control["train_config"]["n_train"])["test"][:24]
-    models = {k: checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(str(path))) for k, path in
+    models = {k: common.model_from_checkpoint(common.load_checkpoint(str(path))) for k, path in
               (("ar", tiny_run / "ar.pt"), ("control", control_pt))}
     for key, (m, t) in models.items():
         mine = ev.score(m.eval(), t, test, B=1)

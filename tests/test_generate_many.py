@@ -5,7 +5,7 @@ import pytest
 
 import data
 import sample
-from checkpoint import load_checkpoint, model_from_checkpoint
+from common import load_checkpoint, model_from_checkpoint
 
 
 @pytest.mark.parametrize("name,tau,max_new", [("mars", 0.9, 64), ("mars", 0.01, 7), ("mars", 1.0, 64), ("ar", 1.0, 5)])

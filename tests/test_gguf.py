@@ -26,7 +26,8 @@ import transformers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from conftest import assert_one_line_error, run_cli  # first: it puts the repository root on sys.path (for --write)
-import checkpoint
+import common
+import train
 from extras.engine import engine
 import sample
 from extras.bench.eval import machine
@@ -58,8 +59,8 @@ def installed_file():
 
 def load_smollm2():
     """(checkpoint, model in eval mode, tokenizer) of the short name smollm2."""
-    ckpt = checkpoint.load_checkpoint("smollm2")
-    model, tok = checkpoint.model_from_checkpoint(ckpt)
+    ckpt = common.load_checkpoint("smollm2")
+    model, tok = common.model_from_checkpoint(ckpt)
     return ckpt, model.eval(), tok
 
 
@@ -292,7 +293,7 @@ def tiny(tmp_path_factory, tiny_vocab):
 
 def test_tiny_file_round_trip(tiny, tiny_vocab):
     path, written = tiny
-    model, tok = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(str(path)))
+    model, tok = common.model_from_checkpoint(common.load_checkpoint(str(path)))
     embed = gguf.quants.dequantize(gguf.quants.quantize(written.wte.weight.detach().numpy(),
                                                         gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0)
     for name, p in model.state_dict().items():
@@ -334,10 +335,10 @@ def tiny_mars(tiny, tmp_path_factory):
 def test_a_mars_trained_gguf_exports_and_loads_in_transformers(tiny_mars, tmp_path):
     """extras.checkpoints.export of the MARS checkpoint: transformers reads the directory with our logits and our token
     ids (digits split, bytes without a token dropped); <|mask|> keeps id 3, the file's <empty_output>."""
-    ckpt = checkpoint.load_checkpoint(str(tiny_mars / "mars.pt"))
+    ckpt = common.load_checkpoint(str(tiny_mars / "mars.pt"))
     assert ckpt["hf"]["model_type"] == "llama" and ckpt["mars"]["B"] == 4
     assert run_cli(["extras/checkpoints/export.py", tiny_mars / "mars.pt", tmp_path / "hf"]).returncode == 0
-    model, tok = checkpoint.model_from_checkpoint(ckpt)
+    model, tok = common.model_from_checkpoint(ckpt)
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     ref_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     texts = ["Add 345 and  678: 1023.", "a\x04b !\x04! x\U00040000y", "café 日本語 😀", "<|im_start|> <empty_output>"]
@@ -350,7 +351,7 @@ def test_a_mars_trained_gguf_exports_and_loads_in_transformers(tiny_mars, tmp_pa
 
 
 def test_http_answers_text_with_a_byte_without_a_token(tiny_mars):
-    model, tok = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(str(tiny_mars / "mars.pt")))
+    model, tok = common.model_from_checkpoint(common.load_checkpoint(str(tiny_mars / "mars.pt")))
     args = serve.get_args(["--port", "0", "--max_batch", "2"])
     httpd = server.Server(scheduler.ServingEngine(model.eval(), tok.eot, tok.mask, 4, 2, 6, n_vocab=tok.n_vocab), tok,
                           scheduler.Fixed(0.9), args)

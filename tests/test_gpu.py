@@ -1,5 +1,5 @@
 """The one-GPU path: every tool that loads a model takes --device, cuda by default where a GPU is present
-(config.default_device); a device the machine lacks is one line; extras.bench.gpu_check runs end to end (on the
+(common.default_device); a device the machine lacks is one line; extras.bench.gpu_check runs end to end (on the
 CPU in seconds, on CUDA where there is a GPU) and its estimate is FLOPs over an assumed throughput, as
 docs/gpu.md shows it."""
 import importlib
@@ -13,10 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import checkpoint
-import config
+import common
 import model
-import precision
+from extras.bench import precision
 import train
 from conftest import assert_one_line_error, run_cli, tiny_config
 from extras.bench import gpu_check
@@ -32,15 +31,15 @@ TOOLS = {  # every command line that loads a model: the flags it needs besides -
 
 
 def get_args(module, argv):
-    return (config if module == "train" else importlib.import_module(module)).get_args(argv)
+    return importlib.import_module(module).get_args(argv)
 
 
 @pytest.mark.parametrize("module", TOOLS)
 def test_every_tool_defaults_to_cuda_where_a_gpu_is_present(module, monkeypatch):
-    monkeypatch.setattr(config, "check_device", lambda device: None)  # train checks at once; here cuda is pretend
+    monkeypatch.setattr(train, "check_device", lambda device: None)  # train checks at once; here cuda is pretend
     for present, want in ((False, "cpu"), (True, "cuda")):
-        monkeypatch.setattr(config.torch.cuda, "is_available", lambda: present)
-        assert config.default_device() == want
+        monkeypatch.setattr(common.torch.cuda, "is_available", lambda: present)
+        assert common.default_device() == want
         args = get_args(module, TOOLS[module])
         assert args.device == want
         if module == "train":  # and the toy's preset follows the device
@@ -51,12 +50,12 @@ def test_every_tool_defaults_to_cuda_where_a_gpu_is_present(module, monkeypatch)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the GPU the test asks for")
 @pytest.mark.parametrize("module", TOOLS)
 def test_a_device_the_machine_lacks_is_a_user_error(module, tmp_path, monkeypatch):
-    """Refused before any model loads (checkpoint.check_device), as one line under config.run_cli."""
+    """Refused before any model loads (common.check_device), as one line under common.run_cli."""
     monkeypatch.chdir(tmp_path)
     for name in ("h.jsonl", "v.jsonl"):  # the held-out and validation prompts read before the model
         (tmp_path / name).write_text('{"prompt": "Hi", "response": "Hello"}\n')
     main = importlib.import_module(module).main
-    with pytest.raises(checkpoint.UserError, match="device 'cuda' is not available on this machine"):
+    with pytest.raises(common.UserError, match="device 'cuda' is not available on this machine"):
         main(TOOLS[module] + ["--device", "cuda"])
 
 

@@ -21,8 +21,9 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, tra
 
 import tokenizer
 from extras.checkpoints import hf, hf_tokenizer
-import checkpoint
-from checkpoint import UserError
+import common
+import train
+from common import UserError
 from extras.engine import engine
 import sample
 from conftest import assert_one_line_error, run_cli
@@ -138,7 +139,7 @@ def dirs(tmp_path_factory):
 
 
 def ours(path):
-    return checkpoint.model_from_checkpoint(hf.read_checkpoint(path))
+    return common.model_from_checkpoint(hf.read_checkpoint(path))
 
 
 def reference(path):
@@ -202,7 +203,7 @@ def test_ar_greedy_generation_through_the_chat_template(dirs, kind, capsys):
 def test_mars_release_threshold_lossless_caches_chat(dirs, capsys, monkeypatch):
     ckpt = hf.read_checkpoint(dirs["mars"])
     assert ckpt["mars"] == {"B": 4} and ckpt["hf"]["model_type"] == "a2d-qwen2" and "train_config" not in ckpt
-    _, tok = checkpoint.model_from_checkpoint(ckpt)
+    _, tok = common.model_from_checkpoint(ckpt)
     _, plain = ours(dirs["qwen2"])
     assert tok.mask == plain.mask == plain.n_vocab - 1 and tok.decode([tok.mask]) == "<|mask|>"
     want = hf_greedy(dirs["qwen2"], plain)  # the same weights, as transformers' Qwen2
@@ -229,7 +230,7 @@ def test_sampler_never_emits_ids_without_a_token(dirs):
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_tokenizer_ids_equal_tokenizers(dirs, kind):
-    tok = checkpoint.tokenizer_from_state(hf.read_checkpoint(dirs[kind])["tokenizer"])  # through a checkpoint's state
+    tok = common.tokenizer_from_state(hf.read_checkpoint(dirs[kind])["tokenizer"])  # through a checkpoint's state
     ref = tokenizers.Tokenizer.from_file(str(dirs[kind] / "tokenizer.json"))
     strings = some_strings()
     assert len(strings) >= 1000
@@ -308,7 +309,7 @@ def toy_checkpoint(qkv_bias, tie, spare_rows=2):
 
 
 def assert_exported_equal(ckpt, out):
-    model, tok = checkpoint.model_from_checkpoint(ckpt)
+    model, tok = common.model_from_checkpoint(ckpt)
     ref = reference(out)
     assert type(ref).__name__ == ("Qwen2ForCausalLM" if model.config.qkv_bias else "LlamaForCausalLM")
     ids = torch.randint(0, tok.n_vocab, (2, 20), generator=torch.Generator().manual_seed(2))
@@ -325,7 +326,7 @@ def assert_exported_equal(ckpt, out):
     back = hf.read_checkpoint(out)  # and the export reads back as it was (a row may have been added for <|pad|>)
     rows = max(model.config.vocab_size, tok.n_vocab + 1)
     assert back.get("mars") == ckpt.get("mars") and back["model_config"] == {**asdict(model.config), "vocab_size": rows}
-    again = checkpoint.tokenizer_from_state(back["tokenizer"])
+    again = common.tokenizer_from_state(back["tokenizer"])
     assert again.prompt_ids(CHATS[2]) == tok.prompt_ids(CHATS[2]) and again.n_vocab == tok.n_vocab
 
 
@@ -350,7 +351,7 @@ def test_export_pad_token_keeps_left_padded_batches_exact(tmp_path, spare_rows):
     comes from the tokenizer's padding or, as in the official samplers, from ids != pad_token_id."""
     ckpt = toy_checkpoint(qkv_bias=False, tie=spare_rows == 0, spare_rows=spare_rows)  # 0: as train.py's toy
     hf.export(ckpt, tmp_path)
-    model, tok = checkpoint.model_from_checkpoint(ckpt)
+    model, tok = common.model_from_checkpoint(ckpt)
     pad = json.loads((tmp_path / "config.json").read_text())["pad_token_id"]
     hftok = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert pad == tok.n_vocab == hftok.pad_token_id == json.loads((tmp_path / "generation_config.json").read_text())[
@@ -474,7 +475,7 @@ def test_real_checkpoint():
     """E.g. MARS_HF_CKPT=~/models/MARS-Qwen2.5-0.5B-blk4: logits, tokenizer, template and greedy ids as transformers'."""
     path = os.environ["MARS_HF_CKPT"]
     ckpt = hf.read_checkpoint(path)
-    model, tok = checkpoint.model_from_checkpoint(ckpt)
+    model, tok = common.model_from_checkpoint(ckpt)
     ref = transformers.Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32) if ckpt["hf"]["model_type"] == \
         "a2d-qwen2" else reference(path)
     hftok = transformers.AutoTokenizer.from_pretrained(path)

@@ -9,13 +9,13 @@ import pytest
 import torch
 import transformers
 
+import common
 import data
-from extras.bench import eval as evaluate
-from extras.checkpoints import export
-import checkpoint
-import config
 import sample
 import train
+from extras.bench import eval as evaluate
+from extras.checkpoints import export, hf_train
+from extras.real.records import final_number
 from test_hf import build, hf_greedy
 
 SYSTEM = "You are a terse assistant."
@@ -71,7 +71,7 @@ def test_only_the_last_assistant_turn_is_trained(qwen):
     everything after apply_chat_template(messages[:-1], add_generation_prompt=True), here without the
     newline Qwen's template writes after <|im_end|>, then <|im_end|> padding up to a multiple of B."""
     path, _, _ = qwen
-    _, tok = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(str(path)))
+    _, tok = common.model_from_checkpoint(common.load_checkpoint(str(path)))
     hftok = transformers.AutoTokenizer.from_pretrained(path)
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say 3."},
             {"role": "assistant", "content": "3"}, {"role": "user", "content": "What is 3 plus 3?"},
@@ -96,7 +96,7 @@ def test_only_the_last_assistant_turn_is_trained(qwen):
 
 def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, mars_run, tmp_path, capsys):
     path, _, _ = qwen
-    ckpt = checkpoint.load_checkpoint(str(mars_run))
+    ckpt = common.load_checkpoint(str(mars_run))
     cfg = ckpt["train_config"]
     # the recipe is the default for a Hugging Face directory, and flags override single values; the given batch
     # and steps win over the schedule, whose lr follows the batch: 5e-6 at 384, times sqrt(4 / 384) at 4
@@ -110,7 +110,7 @@ def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, m
     # rows of at most 512 tokens (the recipe), within the model's context (256 here)
     assert cfg["max_seq_len"] == 256 and cfg["mars_iters"] == 3 and cfg["micro_batch"] == 2
     assert ckpt["mars"]["B"] == 4 and ckpt["stage"] == "mars" and ckpt["done"] and ckpt["hf"]["model_type"] == "qwen2"
-    source = checkpoint.load_checkpoint(str(path))
+    source = common.load_checkpoint(str(path))
     assert ckpt["model_config"] == source["model_config"]  # the shape comes from config.json
     assert ckpt["tokenizer"] == source["tokenizer"]  # self-contained: vocabulary, specials, chat template
     moved = [k for k in source["model"] if not torch.equal(source["model"][k], ckpt["model"][k])]
@@ -118,7 +118,7 @@ def test_mars_on_a_hugging_face_directory_checkpoint_samples_and_exports(qwen, m
     assert max((source["model"][k] - ckpt["model"][k]).abs().max() for k in moved) < 1e-3  # at lr 5.1e-7
     assert all(len(h) and torch.isfinite(torch.tensor(h["loss"])) for h in ckpt["history"])
     # it samples (AR and MARS), and its export generates in transformers what sample.py --ar generates
-    _, tok = checkpoint.model_from_checkpoint(ckpt)
+    _, tok = common.model_from_checkpoint(ckpt)
     want = []
     for flags in (["--ar"], ["--threshold", "0.5"]):
         capsys.readouterr()
@@ -135,22 +135,22 @@ def test_continued_ar_sft_on_a_hugging_face_directory(qwen):
     path, jsonl, root = qwen
     run_train("--stage", "ar", "--init_from", path, "--data", jsonl, "--out_dir", root / "ar", "--device", "cpu",
               "--ar_iters", 2, "--batch_size", 2, "--micro_batch", 1, "--precision", "float32")
-    ckpt = checkpoint.load_checkpoint(str(root / "ar" / "ar.pt"))
+    ckpt = common.load_checkpoint(str(root / "ar" / "ar.pt"))
     assert ckpt["stage"] == "ar" and "mars" not in ckpt and "hf" in ckpt and ckpt["train_config"]["ar_iters"] == 2
     assert trained_from_hf_is_recipe(root / "ar" / "ar.pt")
 
 
 def trained_from_hf_is_recipe(path):
     """Stage 2 from an ar.pt trained from a Hugging Face model takes the recipe by default too."""
-    return config.get_args(["--stage", "mars", "--init_from", str(path)]).preset == "hf"
+    return train.get_args(["--stage", "mars", "--init_from", str(path)]).preset == "hf"
 
 
 def test_hugging_face_directory_needs_data_and_the_recipe_needs_a_model(qwen, tmp_path):
     path, _, _ = qwen
-    with pytest.raises(ValueError, match="needs --data"):  # one line under config.run_cli, as a UserError is
+    with pytest.raises(ValueError, match="needs --data"):  # one line under common.run_cli, as a UserError is
         run_train("--stage", "mars", "--init_from", path, "--out_dir", tmp_path, "--device", "cpu")
     with pytest.raises(SystemExit):
-        config.get_args(["--preset", "hf"])
+        train.get_args(["--preset", "hf"])
 
 
 @pytest.mark.parametrize("rows, multiple, batch, steps", [
@@ -160,7 +160,7 @@ def test_hugging_face_directory_needs_data_and_the_recipe_needs_a_model(qwen, tm
     (100000, 4, 384, 1303),  # the paper's batch at most
 ])
 def test_hf_schedule_follows_the_data(rows, multiple, batch, steps):
-    got = config.hf_schedule(rows, 5, {}, multiple)
+    got = hf_train.hf_schedule(rows, 5, {}, multiple)
     assert got[:2] == (batch, steps) and got[2] == pytest.approx(5e-6 * math.sqrt(batch / 384))
     assert got[3] == (f"batch: rows // 50 = {rows // 50}, within [16, 384]" + (", a multiple of 4" if multiple > 1
                       else "") + f"; steps: 5 epochs of {rows} rows, at least 200; lr: 5e-06 x sqrt({batch} / 384)")
@@ -170,18 +170,18 @@ def test_hf_schedule_gives_way_to_the_flags_and_the_run_records_it():
     """What the command line sets wins, stage by stage; the rest follows the data, and cfg.schedule (the
     checkpoint's train_config) records the choice, which the stage reads. smollm2 is only named: nothing is loaded."""
     base = ["--stage", "all", "--init_from", "smollm2", "--device", "cpu"]
-    cfg = config.get_args(base + ["--batch_size", "64", "--mars_lr", "1e-5", "--ar_iters", "7"])
+    cfg = train.get_args(base + ["--batch_size", "64", "--mars_lr", "1e-5", "--ar_iters", "7"])
     assert cfg.preset == "hf" and {"batch_size", "mars_lr", "ar_iters"} <= set(cfg.given)
-    ar = config.fit_hf_schedule(cfg, "ar", 1072, world=2)
+    ar = hf_train.fit_hf_schedule(cfg, "ar", 1072, world=2)
     assert ar == {"rows": 1072, "batch_size": 64, "steps": 7, "lr": pytest.approx(5e-6 / math.sqrt(6)),
                   "why": "batch given; steps given; lr: 5e-06 x sqrt(64 / 384)"}
-    mars = config.fit_hf_schedule(cfg, "mars", 1072, world=2)
+    mars = hf_train.fit_hf_schedule(cfg, "mars", 1072, world=2)
     assert mars == {"rows": 1072, "batch_size": 64, "steps": 200, "lr": 1e-5,
                     "why": "batch given; steps: 5 epochs of 1072 rows, at least 200; lr given"}
     fitted = cfg.replace(schedule={"ar": ar, "mars": mars})
-    assert config.schedule_of(fitted, "ar") == (64, 7, ar["lr"]) and config.schedule_of(fitted, "mars") == (64, 200, 1e-5)
-    cfg = config.get_args(base)  # no flags: micro-batch 4 x 2 processes, so batch 16 rather than 21
-    mars = config.fit_hf_schedule(cfg, "mars", 1072, world=2)
+    assert train.schedule_of(fitted, "ar") == (64, 7, ar["lr"]) and train.schedule_of(fitted, "mars") == (64, 200, 1e-5)
+    cfg = train.get_args(base)  # no flags: micro-batch 4 x 2 processes, so batch 16 rather than 21
+    mars = hf_train.fit_hf_schedule(cfg, "mars", 1072, world=2)
     assert (mars["batch_size"], mars["steps"]) == (16, 335) and mars["lr"] == pytest.approx(5e-6 / math.sqrt(24))
     with pytest.raises(AttributeError, match="read-only"):  # nothing edits the resolved config
         cfg.batch_size = 16
@@ -199,7 +199,7 @@ def test_hf_schedule_gives_way_to_the_flags_and_the_run_records_it():
     ("", None),
 ])
 def test_final_number(text, answer):
-    assert data.final_number(text) == answer
+    assert final_number(text) == answer
 
 
 def test_number_checker_and_eval_records(tmp_path):
@@ -229,7 +229,7 @@ def test_eval_data_scores_a_users_jsonl(qwen, mars_run, tmp_path, capsys):
     sample.main(["--ckpt", str(mars_run), "--json", "--ar", "--max_new_tokens", "12", "--device", "cpu",
                  "--prompt", PROMPT])
     text = json.loads(capsys.readouterr().out)["text"]
-    number = data.final_number(text)
+    number = final_number(text)
     assert data.read_record({"prompt": "p", "answer": text})["task"] == "custom"
     jsonl = tmp_path / "eval.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in [

@@ -1,9 +1,10 @@
 """The modules form layers and import downwards only, counting imports inside functions too. At the root,
-the method: model, mars, data, tokenizer at the bottom (they import none of ours), checkpoint on model and
-tokenizer, config (the command lines) on checkpoint, sample on those, train on those and sample; off the
-method's path, precision (the probe) on config. extras/ sits above the root, in rooms (engine, checkpoints,
-serving, bench, real), each importing what its __init__.py says; the root reaches extras only at its seams
-(SEAMS: one function each, behind the flag that asks for it). No import cycle, lazy imports included.
+the method: model, mars, data, tokenizer at the bottom (they import none of ours), common (the plumbing:
+errors, shared flags, checkpoints) on model and tokenizer, sample on those, train on those and sample; off
+the method's path, engine on model, mars and cost. extras/ sits above the root, in rooms (checkpoints,
+serving, bench, real), each importing what its __init__.py says; the root reaches extras only through its
+seams (docs/architecture.md), each one function importing one module lazily. No import cycle, lazy imports
+included.
 Read from the source with ast, so nothing is imported."""
 import ast
 
@@ -12,25 +13,29 @@ from conftest import ROOT
 BOTTOM = {"model", "mars", "data", "tokenizer"}
 ALLOWED = {  # what each root module may import of the root, at module level or inside a function
     **{name: set() for name in BOTTOM},
-    "checkpoint": {"model", "tokenizer"},  # loading a checkpoint builds both
-    "config": {"checkpoint"},  # UserError, and whether a run starts from a real model
-    "precision": {"config"},  # the probe times a step under config.autocast
-    "sample": BOTTOM | {"checkpoint", "config"},
-    "train": BOTTOM | {"checkpoint", "config", "precision", "sample"},
+    "common": {"model", "tokenizer"},  # loading a checkpoint builds both
+    "cost": set(),  # the step-cost model: the engine hands it its forward to time
+    "engine": {"model", "mars", "data", "cost"},
+    "sample": BOTTOM | {"common"},
+    "train": BOTTOM | {"common", "sample"},
 }
-SEAMS = {  # the root functions that import extras (each behind the flag that asks for it), and what they import
-    ("checkpoint", "foreign", "extras.checkpoints.foreign"),
+SEAMS = {  # (root module, the function, the module of extras/ it imports): docs/architecture.md lists them
+    ("common", "foreign", "extras.checkpoints.foreign"),  # a real model's checkpoint or tokenizer
     ("sample", "engine_decode", "extras.engine.engine"),  # sample.py's engine flags
+    ("train", "beyond_the_paper", "extras.real.options"),  # the loop's one hook: options beyond the paper
+    ("train", "real_model", "extras.checkpoints.hf_train"),  # --init_from a real model: the hf preset
+    ("train", "measured_precision", "extras.bench.precision"),  # --precision auto: the probe
+    ("data", "read_record", "extras.real.records"),  # --data with conversations or answers to evaluate
+    ("data", "check", "extras.real.records"),  # a numeric (GSM8K-style) answer
 }
 ROOMS = {  # what each room of extras/ may import besides its own modules (the root: any root module)
-    "extras.checkpoints": {"model", "tokenizer", "data",  # not checkpoint: it imports foreign.py
-                           "extras.real.teacher"},  # foreign.py hands train.py --targets soft's Teacher (torch only)
+    "extras.checkpoints": {"model", "tokenizer", "data", "common"},
     "extras.engine": {"root"},
     "extras.serving": {"root", "extras.engine", "extras.bench"},
-    "extras.bench": {"root", "extras.engine", "extras.real.chunked_ce"},  # memory.py measures the chunked loss
+    "extras.bench": {"root", "extras.engine", "extras.checkpoints", "extras.real.chunked_ce"},
     "extras.real": {"root", "extras.engine", "extras.bench"},
 }
-COMMANDS = {"extras.checkpoints.export": {"checkpoint", "config"}}  # a command line in a room checkpoint imports
+COMMANDS = {}  # a command line of a room that imports beyond what its room may
 
 
 def module_name(path):
@@ -118,7 +123,9 @@ def test_imports_point_down_and_the_root_reaches_extras_at_the_seam():
     graph = modules()
     assert {"tokenizer", "extras.checkpoints.hf", "extras.serving.server", "extras.checkpoints.foreign"} <= graph.keys()
     assert ("extras.checkpoints.hf_tokenizer", None) in graph["extras.checkpoints.hf"]
-    assert graph["checkpoint"] >= {("extras.checkpoints.foreign", "foreign")}  # the seam, seen inside its function
+    assert graph["common"] >= {("extras.checkpoints.foreign", "foreign")}  # a seam, seen inside its function
+    assert {(m, where) for m, where in graph["train"] if m.startswith("extras")} == {
+        (other, function) for name, function, other in SEAMS if name == "train"}
     assert ("extras.serving.scheduler", None) in graph["extras.serving.server"]
     assert problems(graph) == []
 
@@ -127,20 +134,19 @@ def test_the_check_sees_upward_imports_cycles_and_imports_past_the_seam():
     known = {*ALLOWED, "extras.checkpoints", "extras.checkpoints.hf", "extras.checkpoints.foreign",
              "extras.serving", "extras.serving.serve", "extras.serving.server"}
     graph = {"model": imports("import mars\n", "model", known), "mars": set(),
-             "sample": imports("import model\ndef f():\n    from extras.serving import serve\n", "sample", known),
-             "checkpoint": imports("def foreign():\n    from extras.checkpoints import foreign\n", "checkpoint", known),
+             "engine": imports("import model\ndef f():\n    from extras.serving import serve\n", "engine", known),
+             "common": imports("def foreign():\n    from extras.checkpoints import foreign\n", "common", known),
              "tokenizer": imports("from extras.checkpoints.hf import export\n", "tokenizer", known),
              "extras.checkpoints.foreign": imports("from . import hf\n", "extras.checkpoints.foreign", known),
-             "extras.checkpoints.hf": imports("import checkpoint\nimport model\n", "extras.checkpoints.hf", known),
+             "extras.checkpoints.hf": imports("import common\nimport model\n", "extras.checkpoints.hf", known),
              "extras.serving.serve": imports("from . import server\n", "extras.serving.serve", known),
              "extras.serving.server": imports("def run():\n    from .serve import Served\n",
                                               "extras.serving.server", known)}
-    assert graph["sample"] == {("model", None), ("extras.serving.serve", "f")}
+    assert graph["engine"] == {("model", None), ("extras.serving.serve", "f")}
     assert graph["extras.serving.server"] == {("extras.serving.serve", "run")}  # a relative, lazy import
     assert problems(graph) == [
-        "extras.checkpoints.hf imports checkpoint, which its room may not", "model.py imports mars",
-        "sample.py imports extras.serving.serve outside a seam",
+        "engine.py imports extras.serving.serve outside a seam", "model.py imports mars",
         "tokenizer.py imports extras.checkpoints.hf outside a seam",
-        "an import cycle through checkpoint", "an import cycle through extras.checkpoints.foreign",
+        "an import cycle through common", "an import cycle through extras.checkpoints.foreign",
         "an import cycle through extras.checkpoints.hf",
         "an import cycle through extras.serving.serve", "an import cycle through extras.serving.server"]

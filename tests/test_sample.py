@@ -7,7 +7,7 @@ import torch
 import mars
 import model as model_lib
 from extras.engine import engine
-import checkpoint
+import common
 import sample
 from conftest import EOT, MASK, V, random_model, random_prompts, tiny_config
 from extras.bench.eval import official_tpf
@@ -468,8 +468,8 @@ def test_kv_cache_holds_exactly_the_committed_tokens(m, kw):
 
 @pytest.fixture(scope="module")
 def trained(tiny_run):
-    ckpt = checkpoint.load_checkpoint(str(tiny_run / "mars.pt"))
-    model, tok = checkpoint.model_from_checkpoint(ckpt)
+    ckpt = common.load_checkpoint(str(tiny_run / "mars.pt"))
+    model, tok = common.model_from_checkpoint(ckpt)
     return model.double().eval(), tok, ckpt
 
 
@@ -497,7 +497,7 @@ def test_trained_checkpoint_block_cache_is_the_official_algorithm(trained, split
 def test_trained_checkpoint_lossless_equals_ar_in_float32(tiny_run, splits):
     """As eval.py and sample.py run it (float32, batched): lossless decoding reproduces `sample.py --ar`
     (B = 1, one prompt at a time) token for token, while committing several tokens per forward."""
-    model, tok = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(str(tiny_run / "mars.pt")))
+    model, tok = common.model_from_checkpoint(common.load_checkpoint(str(tiny_run / "mars.pt")))
     model.eval()
     assert model.wte.weight.dtype == torch.float32
     prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"][:32]]
@@ -536,7 +536,7 @@ def test_padding_rows_are_never_output(m):
 
 def test_trained_checkpoint_readable_loop_equals_engine(tiny_run, splits):
     """In float32, as sample.py runs: token for token and forward for forward, at several taus."""
-    model, tok = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(str(tiny_run / "mars.pt")))
+    model, tok = common.model_from_checkpoint(common.load_checkpoint(str(tiny_run / "mars.pt")))
     model.eval()
     B = 4
     multi = 0

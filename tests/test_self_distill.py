@@ -1,5 +1,5 @@
 """Targets that keep the model itself (beyond the paper): train.py --targets soft (extras/real/teacher.py) and
---clean_padding drop, against the paper's hard-label loss."""
+--clean_padding drop, through the loop's hook (extras/real/options.py), against the paper's hard-label loss."""
 import json
 from types import SimpleNamespace
 
@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 import data
 import mars
-import train
 from conftest import run_cli
+from extras.real.options import Options
 from extras.real.teacher import Teacher
 
 
@@ -25,9 +25,14 @@ def batch(tok, splits):
     return x, y, m
 
 
+def options(tok, name="mars", teacher=None, **changes):
+    cfg = dict(B=4, ar_weight=0.5, no_sft=False, block_offset="fixed", targets="hard", clean_padding="keep",
+               from_hf=False, device="cpu")
+    return Options(name, SimpleNamespace(**{**cfg, **changes}), tok, teacher)
+
+
 def drop_padding(tok, y):
-    stage = SimpleNamespace(name="mars", cfg=SimpleNamespace(clean_padding="drop"), tok=tok)
-    return train.Stage.clean_targets(stage, y)
+    return options(tok, clean_padding="drop").clean_targets(y)
 
 
 def test_drop_keeps_each_answer_through_its_own_end_of_turn(tok, batch):
@@ -48,14 +53,19 @@ def test_one_hot_soft_targets_are_the_hard_loss(tok, batch, drop):
     x, y, m = batch
     clean_y = drop_padding(tok, y) if drop else y
     both = torch.cat([y, clean_y], 1)
-    one_hot = F.one_hot(both[both != -1], tok.n_vocab).float()
-    hard = mars.mars_loss(m, x, y, tok.mask, 4, 0.5, mars.Beyond(clean_y=clean_y))
-    soft = mars.mars_loss(m, x, y, tok.mask, 4, 0.5, mars.Beyond(clean_y=clean_y, soft=one_hot))
-    for a, b in zip(hard, soft):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
-    control = mars.ar_loss(m, x, clean_y, per_sequence=True, soft=F.one_hot(clean_y[clean_y != -1], tok.n_vocab).float())
-    torch.testing.assert_close(control, hard[2], atol=1e-6, rtol=0)
-    assert drop == (abs(hard[2] - mars.mars_loss(m, x, y, tok.mask, 4, 0.5)[2]) > 1e-6)
+
+    def one_hot(x, y, clean_y, noisy=True):  # a teacher whose targets are the data's tokens
+        targets = both if noisy else clean_y
+        return F.one_hot(targets[targets != -1], tok.n_vocab).float()
+    padding = "drop" if drop else "keep"
+    draws = {"offset": 0, "weights": None, "soft": True}
+    hard = options(tok, clean_padding=padding).loss(m, x, y, draws)[1]
+    soft = options(tok, teacher=SimpleNamespace(targets=one_hot), clean_padding=padding).loss(m, x, y, draws)[1]
+    for k in hard:
+        torch.testing.assert_close(hard[k], soft[k], atol=1e-6, rtol=0)
+    control = options(tok, "control", SimpleNamespace(targets=one_hot), clean_padding=padding).loss(m, x, y, draws)
+    torch.testing.assert_close(control[0], hard["clean"], atol=1e-6, rtol=0)
+    assert drop == (abs(hard["clean"] - mars.mars_loss(m, x, y, tok.mask, 4, 0.5)[2]) > 1e-6)
 
 
 @pytest.mark.parametrize("drop", [False, True])

@@ -5,13 +5,13 @@ import json
 import pytest
 import torch
 
-import checkpoint
+import common
 from conftest import assert_one_line_error, run_cli
 from extras.real import self_prompts as sp
 
 
 def test_the_opening_is_the_template_up_to_the_users_words(tiny_run):
-    tok = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(tiny_run / "ar.pt"))[1]
+    tok = common.model_from_checkpoint(common.load_checkpoint(tiny_run / "ar.pt"))[1]
     opening = sp.opening_ids(tok)
     assert tok.prompt_ids("Hello there")[:len(opening)] == opening
     assert tok.prompt_ids("Hello there")[len(opening):len(opening) + 2] != opening[-2:]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-import checkpoint
+import common
 from extras.engine import cost
 from extras.engine.engine import generate_batch
 from extras.serving import scheduler
@@ -50,7 +50,7 @@ def test_engine_equals_generate_alone_random_model():
 
 
 def test_engine_equals_generate_alone_tiny_checkpoint(tiny_run, splits):
-    model, tok = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(tiny_run / "mars.pt"))
+    model, tok = common.model_from_checkpoint(common.load_checkpoint(tiny_run / "mars.pt"))
     model.eval()
     prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"][:8]]
     taus = [0.9, 1.0, 0.5, 0.8, 1.0, 0.3, 0.9, 0.6]

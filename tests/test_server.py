@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-import checkpoint
+import common
 import sample
 from extras.serving import scheduler, serve, server
 from conftest import ONE_THREAD, ROOT, assert_one_line_error, run_cli
@@ -30,8 +30,8 @@ MAX_NEW = 24
 
 @pytest.fixture(scope="module")
 def loaded(tiny_run):
-    ckpt = checkpoint.load_checkpoint(tiny_run / "mars.pt")
-    model, tok = checkpoint.model_from_checkpoint(ckpt)
+    ckpt = common.load_checkpoint(tiny_run / "mars.pt")
+    model, tok = common.model_from_checkpoint(ckpt)
     return model.eval(), tok, ckpt["mars"]["B"]
 
 
@@ -274,7 +274,7 @@ def test_idle_and_half_sent_connections_are_closed_and_block_nobody(loaded, prom
             s.close()
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         if hard != resource.RLIM_INFINITY:  # a server that could not hold its connections does not start
-            with pytest.raises(checkpoint.UserError, match="open files"):
+            with pytest.raises(common.UserError, match="open files"):
                 start(*loaded, "--max_connections", str(hard + 1))
     finally:
         httpd.stop()
@@ -332,7 +332,7 @@ def slow(tiny_run):
     """slow(seconds): (model, tok) of the tiny checkpoint, each forward that much slower: time to hang up
     mid-answer, to fill the queue, or to outlast the shutdown's grace."""
     def load(seconds):
-        model, tok = checkpoint.model_from_checkpoint(checkpoint.load_checkpoint(tiny_run / "mars.pt"))
+        model, tok = common.model_from_checkpoint(common.load_checkpoint(tiny_run / "mars.pt"))
         hidden = model.eval().hidden  # every forward runs it, the engine's too
         model.hidden = lambda *a, **k: (time.sleep(seconds), hidden(*a, **k))[1]
         return model, tok
@@ -454,7 +454,7 @@ def test_limits_in_help_and_a_bad_port_in_one_line(loaded, capsys):
     assert f"over {server.MAX_BODY >> 20} MiB gets 413" in text and f"up to {server.BACKLOG} connections" in text
     assert_one_line_error(run_cli(["extras/serving/serve.py", "--http", "--port", "99999"]))
     taken = socket.create_server(("127.0.0.1", 0))
-    with pytest.raises(checkpoint.UserError, match="cannot listen on 127.0.0.1"):
+    with pytest.raises(common.UserError, match="cannot listen on 127.0.0.1"):
         start(*loaded, "--port", str(taken.getsockname()[1]))  # --port comes last: it wins
     taken.close()
 

@@ -14,12 +14,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import checkpoint
-import config
+import common
 import data
 import mars
 import model
-import precision
+from extras.bench import precision
 import train
 from conftest import MASK, ONE_THREAD, ROOT, V, assert_one_line_error, run_cli, tiny_config
 
@@ -34,7 +33,7 @@ def assert_checkpoint(path, stage, done=True):
     ckpt = load(path)
     assert {"model", "model_config", "tokenizer", "train_config"} <= ckpt.keys()
     assert ckpt["stage"] == stage and ckpt["done"] is done
-    model, tok = checkpoint.model_from_checkpoint(ckpt)  # weights, config and tokenizer fit together
+    model, tok = common.model_from_checkpoint(ckpt)  # weights, config and tokenizer fit together
     assert model.config.vocab_size == tok.n_vocab
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
     return ckpt
@@ -44,7 +43,7 @@ def test_tiny_run_all_stages(tiny_run):
     """The shared session run (train.main in-process, --stage all) wrote everything."""
     for stage in ("ar", "mars"):
         ckpt = assert_checkpoint(tiny_run / f"{stage}.pt", stage)
-        assert ckpt["iter"] == config.PRESETS["tiny"][f"{stage}_iters"]
+        assert ckpt["iter"] == train.PRESETS["tiny"][f"{stage}_iters"]
         log = json.loads((tiny_run / f"{stage}_log.json").read_text())
         assert [r["iter"] for r in log] == list(range(1, ckpt["iter"] + 1))
         assert (tiny_run / f"{stage}_loss.png").stat().st_size > 1000
@@ -56,7 +55,7 @@ def test_tiny_run_all_stages(tiny_run):
     # one config, resolved once: both stages save the command line's, which the tiny preset leaves nothing to derive
     argv = ["--preset", "tiny", "--out_dir", str(tiny_run), "--stage", "all", "--device", "cpu"]
     assert load(tiny_run / "ar.pt")["train_config"] == load(tiny_run / "mars.pt")["train_config"] \
-        == vars(config.get_args(argv))
+        == vars(train.get_args(argv))
     summary = json.loads((tiny_run / "summary.json").read_text())
     assert [r["threshold"] for r in summary] == [None, 1.0, 0.9]
     # MARS at tau = 1.0 is one token per forward
@@ -67,11 +66,11 @@ def test_each_stage_logs_its_validation_accuracy(tiny_run):
     """The last log record of a stage holds the greedy accuracy on the validation prompts (what a data
     mix is chosen on): the same figures eval.score gives for the saved checkpoint on those prompts."""
     from extras.bench.eval import score
-    tiny = config.PRESETS["tiny"]
+    tiny = train.PRESETS["tiny"]
     val = data.build_instruction_set(0, tiny["n_train"])["val"][:tiny["summary_limit"]]
     for stage, B in (("ar", 1), ("mars", 4)):
         last = json.loads((tiny_run / f"{stage}_log.json").read_text())[-1]
-        model, tok = checkpoint.model_from_checkpoint(load(tiny_run / f"{stage}.pt"))
+        model, tok = common.model_from_checkpoint(load(tiny_run / f"{stage}.pt"))
         r = score(model.eval(), tok, val, B=B, tau=1.0)
         assert last["val_accuracy"] == r["accuracy"]
         assert last["val_per_task"] == {k: round(v["accuracy"], 4) for k, v in r["per_task"].items()}
@@ -245,10 +244,10 @@ def test_ddp_two_processes(tmp_path):
     proc = run_ddp(["--preset", "tiny", "--ar_iters", "10", "--mars_iters", "10", "--summary_limit", "4",
                     "--out_dir", d])
     assert proc.returncode == 0, ddp_failure(proc)
-    assert config.PRESETS["tiny"]["save_every"] > 10
+    assert train.PRESETS["tiny"]["save_every"] > 10
     ar = assert_checkpoint(d / "ar.pt", "ar")
     assert_checkpoint(d / "mars.pt", "mars")
-    assert ar["train_config"]["batch_size"] == config.PRESETS["tiny"]["batch_size"]
+    assert ar["train_config"]["batch_size"] == train.PRESETS["tiny"]["batch_size"]
     assert (d / "summary.json").exists()
     # only rank 0 prints
     assert proc.stdout.count("instruction set:") == 1
@@ -332,7 +331,7 @@ def test_bf16_autocast_on_cpu_both_stages(tmp_path):
 
 
 def test_cpu_bf16_attention_takes_the_math_path_at_the_flash_kernels_loss_and_gradients():
-    """Training's context on the CPU under bf16 (config.autocast) runs short attention on the math path, faster to
+    """Training's context on the CPU under bf16 (train.autocast) runs short attention on the math path, faster to
     train there; the MARS loss and its gradients match plain bf16 autocast's (the flash kernel) to bf16's
     precision. Long sequences keep the flash kernel; float32 turns nothing on."""
     torch.manual_seed(0)
@@ -348,13 +347,13 @@ def test_cpu_bf16_attention_takes_the_math_path_at_the_flash_kernels_loss_and_gr
         loss.backward()
         return flash_on, loss.item(), torch.cat([p.grad.flatten() for p in net.parameters()])
     flash_on, flash_loss, flash_grads = loss_and_grads(torch.autocast("cpu", torch.bfloat16))
-    math_flash_on, math_loss, math_grads = loss_and_grads(config.autocast("cpu", "bfloat16", 24))
+    math_flash_on, math_loss, math_grads = loss_and_grads(train.autocast("cpu", "bfloat16", 24))
     assert flash_on and not math_flash_on
     assert math_loss == pytest.approx(flash_loss, rel=1e-2) and torch.isfinite(math_grads).all()
     assert torch.nn.functional.cosine_similarity(math_grads, flash_grads, dim=0) > 0.999
-    with config.autocast("cpu", "bfloat16", 256):  # 512 positions: the flash kernel is the faster there
+    with train.autocast("cpu", "bfloat16", 256):  # 512 positions: the flash kernel is the faster there
         assert torch.is_autocast_enabled("cpu") and torch.backends.cuda.flash_sdp_enabled()
-    with config.autocast("cpu", "float32", 24):
+    with train.autocast("cpu", "float32", 24):
         assert not torch.is_autocast_enabled("cpu") and torch.backends.cuda.flash_sdp_enabled()
 
 
@@ -564,7 +563,7 @@ def test_bucketed_batch_loss_is_the_mean_of_per_example_losses(tok, splits):
     """Bucketing keeps the per-sequence normalisation: on a bucketed batch whose rows differ in length and
     in prompt length (so the batch is padded, and its noisy stream starts where its earliest answer's block
     does), the MARS loss, both its terms and the control's loss are each the mean over rows of that row's
-    loss alone."""
+    loss alone (with a block offset and --no_sft weights: tests/test_options.py)."""
     from model import GPT, GPTConfig
     rows = data.tokenize(splits["train"], tok, 64, 4)
     buckets = data.length_buckets(rows, 16, 4, min_seqs=128)
@@ -574,13 +573,10 @@ def test_bucketed_batch_loss_is_the_mean_of_per_example_losses(tok, splits):
     torch.manual_seed(0)
     m = GPT(GPTConfig(vocab_size=tok.n_vocab, max_seq_len=64, n_layer=2, n_head=2, n_embd=32)).double()
     x, y = data.make_batch(batch, tok.eot, 4)
-    weights = torch.rand(len(batch), dtype=torch.float64) + 0.5
-    for offset in (0, 2):
-        terms = mars.mars_loss(m, x, y, tok.mask, 4, 0.5, mars.Beyond(offset, weights))
-        alone = [mars.mars_loss(m, *data.make_batch([r], tok.eot, 4), tok.mask, 4, 0.5,
-                                mars.Beyond(offset, weights[i:i + 1])) for i, r in enumerate(batch)]
-        for k, term in enumerate(terms):
-            torch.testing.assert_close(term, torch.stack([a[k] for a in alone]).mean(), atol=0, rtol=1e-6)
+    terms = mars.mars_loss(m, x, y, tok.mask, 4, 0.5)
+    alone = [mars.mars_loss(m, *data.make_batch([r], tok.eot, 4), tok.mask, 4, 0.5) for r in batch]
+    for k, term in enumerate(terms):
+        torch.testing.assert_close(term, torch.stack([a[k] for a in alone]).mean(), atol=0, rtol=1e-6)
     control = mars.ar_loss(m, x, y, per_sequence=True)
     alone = torch.stack([mars.ar_loss(m, *data.make_batch([r], tok.eot, 4), per_sequence=True) for r in batch])
     torch.testing.assert_close(control, alone.mean(), atol=0, rtol=1e-6)  # CE runs in float32
@@ -589,7 +585,7 @@ def test_bucketed_batch_loss_is_the_mean_of_per_example_losses(tok, splits):
 def test_run_eta_counts_what_follows_each_stage(splits):
     """The ETA of the whole run: after stage 1 come stage 2, the validation accuracies and the summary;
     after stage 2, its validation accuracy and the summary; a lone stage has no summary after it."""
-    args = config.get_args(["--preset", "tiny", "--device", "cpu"])
+    args = train.get_args(["--preset", "tiny", "--device", "cpu"])
     after_ar = train.work_after("ar", ["ar", "mars"], args, splits)
     after_mars = train.work_after("mars", ["ar", "mars"], args, splits)
     assert after_ar > train.STEP_TIME["mars"] * args.mars_iters > after_mars > 0

@@ -32,8 +32,8 @@ Writes eval.json, pareto.png and metrics.png to --out_dir and prints the tables 
 4. Your own JSONL (--data): one checkpoint (ours or a Hugging Face directory) on every record
    of a file of {prompt, answer} (GSM8K's {question, answer "... #### 72"} too) or {prompt,
    response}: accuracy and tokens per forward at tau = 1.0 and a short sweep, nothing else.
-   A numeric answer is scored as the paper's GSM8K chain of thought is (data.final_number: the
-   number after "The answer is", else the last number), any other answer exactly.
+   A numeric answer is scored as the paper's GSM8K chain of thought is (records.final_number, in
+   extras/real/records.py: the number after "The answer is", else the last number), any other answer exactly.
 """
 import json
 import math
@@ -45,8 +45,8 @@ import sys
 import torch
 
 import data
-from checkpoint import UserError, load_checkpoint, model_from_checkpoint
-from config import Parser, add_device, run_cli
+from common import UserError, load_checkpoint, model_from_checkpoint
+from common import Parser, add_device, run_cli
 from extras.engine.engine import MASK_MODES, METRICS, decode_examples, generate_batch
 from extras.bench.report import markdown, plot
 from extras.bench.stats import paired, wilson

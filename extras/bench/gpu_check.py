@@ -29,12 +29,12 @@ from pathlib import Path
 
 import torch
 
-import config
+from extras.checkpoints import hf_train
 import data
 from extras.engine import engine
 import train
-from checkpoint import check_device, load_checkpoint, model_from_checkpoint
-from config import Parser, add_device, run_cli
+from common import check_device, load_checkpoint, model_from_checkpoint
+from common import Parser, add_device, run_cli
 from extras.bench.eval import machine
 from model import GPT, GPTConfig
 
@@ -94,7 +94,7 @@ def get_args(argv=None):
         p.error(f"--real_ckpt {args.real_ckpt} does not exist")
     cuda = args.device.startswith("cuda")
     args.graphs = args.graphs or (list(engine.GRAPH_MODES) if cuda else ["off"])
-    args.toy_batches = args.toy_batches or [config.PRESETS[args.preset]["batch_size"] * k for k in (1, 4)]
+    args.toy_batches = args.toy_batches or [train.PRESETS[args.preset]["batch_size"] * k for k in (1, 4)]
     return args
 
 
@@ -136,7 +136,7 @@ def stage_figures(ckpt, history, device_name):
     half, last = history[len(history) // 2], history[-1]
     steady = (last["iter"] - half["iter"]) / max(last["elapsed_s"] - half["elapsed_s"], 1e-9) if len(history) > 1 \
         else last["iter"] / last["elapsed_s"]
-    batch = config.schedule_of(config.Config(**cfg), name)[0]  # the hf preset's follows the data
+    batch = train.schedule_of(train.Config(**cfg), name)[0]  # the hf preset's follows the data
     tokens_per_s = steady * batch * row_tokens
     positions = tokens_per_s * (2 if name == "mars" else 1)
     flops = 6 * parameters(ckpt["model_config"]) * positions
@@ -299,8 +299,8 @@ def estimate(recipes, gpus=GPUS, utilization=UTILIZATION):
 def toy_recipe(preset):
     """The toy's full recipe: the preset's steps and batch, its tokens per sequence measured on the cpu preset
     (docs/padding_cpu.json: the same data and vocabulary, length-bucketed batches; stage 2 counts both streams)."""
-    p = config.PRESETS[preset]
-    cfg = {"vocab_size": p["vocab_size"], **{k: p[k] for k in config.MODEL_KEYS}}
+    p = train.PRESETS[preset]
+    cfg = {"vocab_size": p["vocab_size"], **{k: p[k] for k in train.MODEL_KEYS}}
     with open(DOCS / "padding_cpu.json") as f:
         padding = json.load(f)
     per_seq = {r["stage"]: r["positions_per_batch"] / padding["batch_size"] for r in padding["rows"]
@@ -314,12 +314,12 @@ def toy_recipe(preset):
 
 def real_recipe(model_config):
     """SmolLM2's recipe (docs/real_models.md): MARS on the distilled rows of docs/distill_smollm2_cpu.json, 5
-    epochs, the hf preset's schedule on them (config.hf_schedule); 2T tokens per row, the clean and noisy
+    epochs, the hf preset's schedule on them (hf_train.hf_schedule); 2T tokens per row, the clean and noisy
     streams concatenated (an upper bound: mars_loss leaves out the noisy prompt blocks nothing reads)."""
     with open(DOCS / "distill_smollm2_cpu.json") as f:
         rows = json.load(f)["train"]
-    hf = config.PRESETS["hf"]
-    batch, steps, lr, why = config.hf_schedule(rows["n"], hf["epochs"], {}, hf["micro_batch"])
+    hf = hf_train.HF_PRESET
+    batch, steps, lr, why = hf_train.hf_schedule(rows["n"], hf["epochs"], {}, hf["micro_batch"])
     return {"name": "SmolLM2-135M-Instruct, MARS stage", "parameters": parameters(model_config),
             "stages": [{"stage": "mars", "steps": steps, "batch_size": batch, "lr": lr, "schedule": why,
                         "rows": rows["n"], "tokens_per_sequence": 2 * rows["mean_row_tokens"],

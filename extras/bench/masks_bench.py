@@ -24,8 +24,8 @@ import time
 
 from extras.engine import cost
 import data
-from checkpoint import UserError, load_checkpoint, model_from_checkpoint
-from config import Parser, add_device, run_cli, threshold
+from common import UserError, load_checkpoint, model_from_checkpoint
+from common import Parser, add_device, run_cli, threshold
 from extras.engine.engine import CACHE_MODES, decode_step, generate_batch
 from extras.bench.eval import machine, read_prompts, score
 

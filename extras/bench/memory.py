@@ -11,7 +11,7 @@ mars.mars_loss on one sequence of 512 tokens (a 32-token prompt, the rest respon
 logit rows), backward, the gradient clip, AdamW (fused, as train.py). Two precisions,
 each in a fresh process so that each peak is its own: float32, and bfloat16 as train.py's
 --dtype bfloat16 runs it (float32 weights, gradients and AdamW states; forward and backward
-under config.autocast: bf16 autocast, flash attention at this length). Memory is the process's
+under train.autocast: bf16 autocast, flash attention at this length). Memory is the process's
 resident set (getrusage's peak and /proc's current VmRSS), on this CPU: torch has no allocator
 statistics for the CPU.
 """
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from config import Parser
+from common import Parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 OUT = os.path.join(ROOT, "docs", "memory_qwen2.5-0.5b.json")
@@ -48,7 +48,7 @@ def one_step(dtype, ce="chunked"):
     sys.path.insert(0, ROOT)
     import torch
 
-    import config
+    import train
     import mars
     from extras.real import chunked_ce
     from model import GPT, GPTConfig
@@ -65,7 +65,7 @@ def one_step(dtype, ce="chunked"):
     y[0, PROMPT - 1:] = torch.randint(0, 151665, (T - PROMPT + 1,))
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-6, betas=(0.9, 0.999), weight_decay=0.0, fused=True)
     t0 = time.time()
-    with config.autocast("cpu", dtype, T):
+    with train.autocast("cpu", dtype, T):
         loss, _, _ = mars.mars_loss(model, x, y, mask_id=151665, B=B)
     marks["forward"] = rss()
     loss.backward()

@@ -26,12 +26,11 @@ import time
 
 import torch
 
-import config
 import data
 import mars
 import model as model_py
 import train
-from config import Parser, run_cli
+from common import Parser, run_cli
 from extras.bench.eval import machine
 
 
@@ -43,7 +42,7 @@ class Counter(torch.nn.Module):
         super().__init__()
         self.fed, self.loss, self.starts = 0, 0, []
 
-    def forward(self, ids, targets=None, positions=None, attn_mask=None):
+    def forward(self, ids, targets=None, positions=None, attn_mask=None, cache=None):
         self.fed += ids.numel()
         self.loss += int((targets != -1).sum())
         # stage 2's positions are start..T-1 (noisy), then 0..T-1 (clean)
@@ -81,11 +80,11 @@ def timed(fn, *a):
 def phases(stage):
     """One step as train.train takes it (one process, no accumulation), its phases timed apart."""
     def draw():
-        rows, offset, weights = stage.next_batch()
-        return (*stage.batch(rows), offset, weights)
-    (x, y, offset, weights), t_data = timed(draw)
+        rows, draws = stage.next_batch()
+        return (*stage.batch(rows), draws, slice(0, len(rows)))
+    (x, y, draws, rows), t_data = timed(draw)
     with stage.amp():
-        (loss, _), t_fwd = timed(stage.loss, stage.model, x, y, offset, weights)
+        (loss, _), t_fwd = timed(stage.loss, stage.model, x, y, draws, rows)
     _, t_bwd = timed(loss.backward)
 
     def update():
@@ -122,7 +121,7 @@ def per_forward(T=48, B=4, head_dim=64, reps=200):
 
 def get_args(argv=None):
     p = Parser(__doc__)
-    toy = [k for k in config.PRESETS if k != "hf"]  # hf fine-tunes a real model on the user's data
+    toy = [k for k in train.PRESETS if k != "hf"]  # hf fine-tunes a real model on the user's data
     p.add_argument("--preset", choices=toy, default="cpu", help="the preset to measure (default cpu)")
     p.add_argument("--steps", type=int, default=6, help="timed steps per stage and setting (default 6)")
     p.add_argument("--batches", type=int, default=1000, help="batches counted per padding row (default 1000)")
@@ -138,7 +137,7 @@ def main(argv=None):
     args = get_args(argv)
     command = " ".join(["python -m extras.bench.profile_train", *(sys.argv[1:] if argv is None else argv)])
     load_before, where = os.getloadavg()[0], machine()  # torch's default threads here; each row sets its own
-    targs = config.get_args(["--preset", args.preset, "--device", "cpu", "--out_dir", tempfile.mkdtemp(),
+    targs = train.get_args(["--preset", args.preset, "--device", "cpu", "--out_dir", tempfile.mkdtemp(),
                              "--precision", "float32"])  # each setting below sets its own autocast
     torch.manual_seed(0)
     net, tok, splits, _, _ = train.start_stage("ar", None, targs, None, print)
@@ -156,7 +155,7 @@ def main(argv=None):
         torch.set_num_threads(threads)
         for name, s in stages.items():
             s.buckets = buckets[name] if n == targs.buckets else data.length_buckets(s.seqs, 1)
-            s.amp = functools.partial(config.autocast, "cpu", dtype, targs.max_seq_len)
+            s.amp = functools.partial(train.autocast, "cpu", dtype, targs.max_seq_len)
             steps.append({"stage": name, "threads": threads, "dtype": dtype, "buckets": n,
                           "ms": profile(s, args.steps)})
             print(steps[-1], flush=True)

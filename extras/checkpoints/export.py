@@ -1,12 +1,12 @@
-"""One of our checkpoints (or any that checkpoint.load_checkpoint reads) written as a Hugging Face directory that
+"""One of our checkpoints (or any that common.load_checkpoint reads) written as a Hugging Face directory that
 transformers loads as Qwen2ForCausalLM or LlamaForCausalLM (extras/checkpoints/hf.py: export):
 
     python -m extras.checkpoints.export out/mars.pt hf_out      # then AutoModelForCausalLM.from_pretrained("hf_out")
 
 A command line, so it imports checkpoint and config; neither imports it.
 """
-from checkpoint import load_checkpoint, model_from_checkpoint
-from config import Parser, run_cli
+from common import load_checkpoint, model_from_checkpoint
+from common import Parser, run_cli
 from extras.checkpoints.hf import export
 
 

@@ -41,8 +41,8 @@ import torch
 
 import data
 from extras.engine import engine
-from checkpoint import UserError, load_checkpoint, model_from_checkpoint
-from config import Parser, add_device, run_cli
+from common import UserError, load_checkpoint, model_from_checkpoint
+from common import Parser, add_device, run_cli
 from extras.bench.eval import machine
 from extras.real import checks
 from extras.real.words import A_NOUN, A_PLACE, ACTIVITIES, ADJECTIVES, TOPICS

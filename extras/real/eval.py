@@ -35,8 +35,9 @@ import torch
 import data
 import mars
 from extras.engine import engine
-from checkpoint import UserError, load_checkpoint, model_from_checkpoint
-from config import Config, Parser, add_device, run_cli, schedule_of, threshold
+from common import UserError, load_checkpoint, model_from_checkpoint
+from common import Parser, add_device, run_cli, threshold
+from train import Config, schedule_of
 from extras.bench.stats import wilson
 from extras.real import checks
 from extras.real.distill import decode_all

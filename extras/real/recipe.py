@@ -24,8 +24,8 @@ import subprocess
 import sys
 import time
 
-from checkpoint import UserError, check_device
-from config import Parser, add_device, run_cli
+from common import UserError, check_device, starts_from_hf
+from common import Parser, add_device, run_cli
 
 # Rows of 512 tokens at most. SmolLM2 answers its own requests at length: at a budget of 128 tokens, 296 of 400
 # answers were cut off on the CPU (docs/distill_self_smollm2_cpu.json), so the gpu preset gives 384. Its sizes are
@@ -45,6 +45,7 @@ PRESETS = {
 # the recipe's levers over train.py's hf preset, chosen on validation prompts (docs/levers_smollm2_cpu.json): lr 2e-4
 # taught the masks most, and soft targets kept the agreement with the base that this lr costs with hard ones
 LEVERS = ["--mars_lr", "2e-4", "--mask_row", "mean", "--targets", "soft", "--warmup", "0.1"]
+TOY_LEVERS = [a for a in LEVERS if a not in ("--mask_row", "mean")]  # a toy base (--preset small) learns its row
 WEIGHTS = {"self_prompts": 1.0, "distill": 2.0, "mars": 4.0, "control": 3.0, "eval": 2.0}  # for the ETA only
 
 
@@ -57,7 +58,8 @@ def phases(args, c):
     sizes = lambda *keys: [a for k in keys for a in (f"--{k}", str(c[k]))]  # noqa: E731
     train = [*py, "train.py", "--init_from", args.base, "--data", data, "--max_seq_len", "512", "--batch_size",
              str(c["batch_size"]), "--micro_batch", str(c["micro_batch"]), "--mars_iters", str(c["steps"]),
-             "--eval_every", str(every), "--save_every", str(every), "--summary_limit", "0", *LEVERS, *dev]
+             "--eval_every", str(every), "--save_every", str(every), "--summary_limit", "0",
+             *(LEVERS if starts_from_hf(args.base) else TOY_LEVERS), *dev]
     evaluate = [*py, "-m", "extras.real.eval", "--base", args.base, "--ckpt", mars, "--control", control,
                 "--max_new_tokens", str(c["max_new_tokens"]), "--thresholds", "1.0", "0.95", "0.9", *dev]
     kept = sorted(glob.glob(at("mars", "mars_step*.pt")))  # kept by extras.real.snapshots; eval sorts by step

@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from checkpoint import UserError, load_checkpoint, model_from_checkpoint
-from config import Parser, add_device, run_cli
+from common import UserError, load_checkpoint, model_from_checkpoint
+from common import Parser, add_device, run_cli
 from extras.bench.eval import machine, read_prompts
 from extras.real.eval import AR, LOSSLESS, ar_agreement, decode, identical, name
 

@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from checkpoint import UserError, load_checkpoint, model_from_checkpoint
-from config import Parser, add_device, run_cli
+from common import UserError, load_checkpoint, model_from_checkpoint
+from common import Parser, add_device, run_cli
 from extras.bench.eval import machine
 from extras.real.distill import write_json, write_jsonl
 

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from config import Parser, run_cli
+from common import Parser, run_cli
 
 POLL_SECONDS = 0.5  # a save closer than this to the next one may go unkept: real runs save minutes apart
 

@@ -1,6 +1,6 @@
-"""Targets that keep the model itself (train.py --targets soft; beyond the paper, whose targets are the data's
-tokens): every response position of both streams learns the frozen base model's next-token distribution there,
-the clean stream by soft-target cross-entropy (its KL to the base plus the base's entropy, a constant), the noisy
+"""Targets that keep the model itself (train.py --targets soft, through extras/real/options.py; beyond the paper,
+whose targets are the data's tokens): every response position of both streams learns the frozen base model's
+next-token distribution there, the clean stream by soft-target cross-entropy (its KL to the base plus the base's entropy, a constant), the noisy
 stream likewise at the position it predicts. Medusa-2 keeps its backbone's quality with the same KL when it
 fine-tunes backbone and heads together.
 
@@ -14,7 +14,13 @@ import copy
 import torch
 import torch.nn.functional as F
 
-import mars
+
+
+def end_padding(y, eot_id):
+    """Where y's targets come after each sequence's first end of turn: the padding to B's multiple, which
+    --clean_padding drop leaves out of the clean stream and --targets soft keeps one-hot."""
+    eot = y == eot_id
+    return eot & (eot.cumsum(1) > 1)
 
 
 class Teacher:
@@ -26,12 +32,12 @@ class Teacher:
 
     @torch.no_grad()
     def targets(self, x, y, clean_y, noisy=True):
-        """(n, vocab) probabilities, one per target of mars.mars_loss's [y | clean_y] (noisy) or of clean_y alone,
+        """(n, vocab) probabilities, one per target of the MARS loss's [y | clean_y] (noisy) or of clean_y alone,
         in the order of its targets != -1, row by row (clean_y: y, or y without its padding's targets)."""
         logits = self.model.lm_head(self.model.hidden(x)[y != -1]).float()[:, :self.tok.n_vocab]
         logits[:, self.tok.mask] = float("-inf")  # a placeholder is never a target
         probs = logits.softmax(-1)
-        padding = mars.end_padding(y, self.tok.eot)[y != -1]
+        padding = end_padding(y, self.tok.eot)[y != -1]
         probs[padding] = F.one_hot(torch.tensor(self.tok.eot), probs.shape[1]).to(probs)
         row = ((y != -1).flatten().cumsum(0) - 1).view_as(y)  # each response position's row of probs
         index = torch.cat([row, row], 1)[torch.cat([y, clean_y], 1) != -1] if noisy else row[clean_y != -1]

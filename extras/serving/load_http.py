@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 import data
-from checkpoint import UserError
+from common import UserError
 from extras.bench.eval import machine
 from extras.serving.scheduler import (PHASES, Adaptive, Fixed, ServingEngine, WallClock, by_phase, calibrate,
                                       load_mars, make_trace, prompts_for_load)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import data
-from checkpoint import UserError, load_checkpoint, model_from_checkpoint
+from common import UserError, load_checkpoint, model_from_checkpoint
 from extras.engine.cost import StepCost, batch_grid
 from extras.engine.engine import Engine, Request, decode_step
 

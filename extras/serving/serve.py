@@ -38,7 +38,7 @@ import time
 
 import torch
 
-from config import Parser, add_device, run_cli, threshold
+from common import Parser, add_device, run_cli, threshold
 from extras.engine.engine import MASK_MODES
 from extras.bench.eval import machine
 from extras.serving.report import goals, markdown, plot

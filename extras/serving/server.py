@@ -36,7 +36,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from checkpoint import UserError
+from common import UserError
 from extras.serving.scheduler import Served
 
 MAX_BODY = 1 << 20  # bytes of a request body; a longer one is read no further than 16x that, then 413

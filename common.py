@@ -1,7 +1,10 @@
-"""Checkpoints: writing ours atomically, and loading ours or a real model's through foreign(), the one function
-of the root that imports extras/. Every checkpoint is a dict of plain types that loads with weights_only=True:
-weights, model config, tokenizer, and for ours the training config and what resumes a stage."""
+"""What every command line shares: one-line errors (UserError, run_cli, Parser), the --device flag and tau,
+and checkpoints: writing ours atomically, and loading ours or a real model's through foreign(), the root's seam
+to extras/checkpoints. Every checkpoint is a dict of plain types that loads with weights_only=True: weights,
+model config, tokenizer, and for ours the training config and what resumes a stage."""
+import argparse
 import os
+import sys
 
 import torch
 
@@ -10,7 +13,55 @@ from model import GPT, GPTConfig
 
 
 class UserError(Exception):
-    """A problem the user can fix: reported as one line, exit code 1 (config.run_cli)."""
+    """A problem the user can fix: reported as one line, exit code 1 (run_cli)."""
+
+
+def run_cli(main):
+    """Run a command-line main: a user's mistake becomes one line on stderr and exit 1, Ctrl-C one line and
+    exit 130."""
+    try:
+        main()
+    except BrokenPipeError:  # the reader left (e.g. `| head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except (UserError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, with what was kept where a command says (its args)
+        print(f"\ninterrupted{': ' + str(e) if e.args else ''}", file=sys.stderr)
+        sys.exit(130)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, for every CLI of the project."""
+
+    def __init__(self, doc):
+        super().__init__(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def threshold(text):
+    """tau, as a command line or a chat command gives it."""
+    try:
+        tau = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < tau <= 1 or torch.tensor(tau, dtype=torch.float32) == 0:  # decoding compares in float32
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] (and above 0 in float32), got {tau}")
+    return tau
+
+
+def default_device():
+    """cuda where torch finds a GPU, else cpu: what every tool's --device is when the flag is not given."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_device(parser):
+    """The --device flag of every command line that loads a model; load_checkpoint checks it."""
+    parser.add_argument("--device", default=default_device(), help="cpu, cuda, cuda:1, ... (default cuda where a "
+                        "GPU is present, else cpu)")
 
 
 def check_device(device):

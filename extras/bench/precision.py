@@ -1,6 +1,8 @@
-"""The precision training runs in, measured: bf16 autocast is several times faster than float32 where the CPU
-or GPU has native bf16, and 10-30x slower where it has not (e.g. AVX2 only), so --precision auto times both on the
-model's shapes at start (choose_dtype) rather than assume. train.py imports this module only for --precision auto.
+"""The precision training runs in: train.py --precision auto, through its seam train.measured_precision. On a
+CPU with native bf16 (an AVX512-BF16 EPYC), bf16 autocast made a training step 2.2-2.7x faster; where the CPU
+lacks it (e.g. AVX2 only) it is 10-30x slower, so auto times both on the model's shapes at start (choose_dtype)
+rather than assume. A GPU is not timed (on the H200 a probe's short runs gave bf16 0.82x and 0.62x float32's
+speed, timing launches: docs/gpu.md): bf16 where it is native, else float32.
 """
 import math
 import time
@@ -8,17 +10,15 @@ import time
 import torch
 import torch.distributed as dist
 
-from config import autocast
-
 PROBE_SECONDS = 2.0  # what the precision probe may spend timing runs
 BF16_MARGIN = 0.9  # bf16 autocast only where it takes at most 90% of float32's time: noise alone never tips it
 
 
-def step_timer(model, seq_len, device):
+def step_timer(model, seq_len, device, autocast):
     """time_run(rows, bf16): seconds of one forward and backward of the model itself, as a training step runs
     it, on `rows` tokens in sequences of up to seq_len, in float32 or under bf16 autocast. The whole step, not
     one matmul: the gain of bf16 on a matmul can be far larger than on a step (norms, attention, softmax and
-    the optimizer stay in float32). The gradients it leaves are dropped; no weight changes."""
+    the optimizer stay in float32). autocast: train.autocast. The gradients it leaves are dropped; no weight changes."""
     device = torch.device(device)  # zeros as tokens: the values do not change the speed, nor the seeded RNG
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None  # time the work, not its launch
 
@@ -82,7 +82,7 @@ def with_bf16(gpu):
             "bf16 it is the known answer, and a probe there times launches and other processes)"}
 
 
-def choose_dtype(cfg, model, world):
+def choose_dtype(cfg, model, world, autocast=None):
     """--precision auto: on a CPU, predicts both precisions' time for a forward and backward of the model on a step's
     tokens (probe, on one thread) and trains in bf16 autocast only where it is clearly faster; a GPU trains in bf16
     autocast where it has native bf16 (with_bf16), else in float32 (without_bf16), unprobed. Returns the record the
@@ -93,7 +93,7 @@ def choose_dtype(cfg, model, world):
     tokens = (cfg.micro_batch or cfg.batch_size // world) * cfg.max_seq_len
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the precisions differ per core; a second thread may wait on a core others hold
-    times = torch.tensor(probe(step_timer(model, cfg.max_seq_len, cfg.device), tokens), device=cfg.device)
+    times = torch.tensor(probe(step_timer(model, cfg.max_seq_len, cfg.device, autocast), tokens), device=cfg.device)
     torch.set_num_threads(threads)
     if dist.is_initialized():  # every process trains in rank 0's choice
         dist.broadcast(times, 0)
