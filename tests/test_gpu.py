@@ -27,7 +27,7 @@ TOOLS = {  # every command line that loads a model: the flags it needs besides -
     "extras.bench.gpu_check": [], "extras.real.eval": ["--ckpt", "m.pt", "--heldout", "h.jsonl"],
     "extras.real.distill": ["--out", "d.jsonl", "--heldout", "h.jsonl", "--val", "v.jsonl"],
     "extras.real.search": ["--data", "d.jsonl", "--val", "v.jsonl", "--out", "s.json"],
-    "extras.real.self_prompts": ["--out", "p.jsonl"], "extras.real.recipe": [],
+    "extras.real.self_prompts": ["--out", "p.jsonl"], "extras.real.recipe": [], "extras.real.decode_speed": [],
 }
 
 

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from checkpoint import UserError, load_checkpoint, model_from_checkpoint
+from checkpoint import UserError, check_device, load_checkpoint, model_from_checkpoint
 from config import Parser, add_device, run_cli, threshold
 from extras.bench.eval import machine, read_prompts
 from extras.real import decode_dtype
@@ -87,6 +87,7 @@ def get_args(argv=None):
 
 def main(argv=None):
     args = get_args(argv)
+    check_device(args.device)  # before the model loads
     command = shlex.join(["python", "-m", "extras.real.decode_speed", *(sys.argv[1:] if argv is None else argv)])
     n = max(args.n1, args.n8)
     examples = read_prompts(args.heldout, n) if args.heldout else prompt_sets(0, 0, n, {"check": 1.0}, 0)["heldout"]
