@@ -48,6 +48,7 @@ from checkpoint import UserError, check_device, load_checkpoint, model_from_chec
 from config import Parser, add_device, run_cli
 from extras.bench.eval import machine
 from extras.checkpoints import gguf_file
+from extras.real import decode_dtype
 from model import GPT, GPTConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"  # the measured files the estimate reads
@@ -106,6 +107,8 @@ def get_args(argv=None):
                    "(default 1 4 8 16)")
     p.add_argument("--graphs", nargs="+", choices=engine.GRAPH_MODES, help="decoding's engine.GRAPH_MODES "
                    "(default all three on CUDA, off on a CPU)")
+    p.add_argument("--decode_dtype", choices=decode_dtype.DTYPES, default="auto", help="SmolLM2's decoding dtype "
+                   "(default auto: bf16 on a GPU with native bf16; on a CPU, measured: extras/real/decode_dtype.py)")
     p.add_argument("--estimate_only", action="store_true", help="run nothing; write the estimate alone")
     add_device(p)
     args = p.parse_args(argv)
@@ -278,8 +281,13 @@ def decoding(name, path, args, trained):
     wall-clock speedup over AR."""
     ckpt = load_checkpoint(path, args.device)
     model, tok = model_from_checkpoint(ckpt, args.device)
-    model.eval()
     cfg, B = ckpt["train_config"], ckpt["mars"]["B"]
+    dtype = {"dtype": str(model.wte.weight.dtype).removeprefix("torch."), "reason": "the checkpoint's, as sample.py "
+             "decodes the toy"}
+    if name == "smollm2":  # a real model decodes in its chosen dtype, as extras.real.eval times it
+        dtype = decode_dtype.choose(model.eval(), B, args.decode_dtype)[1]
+        model = decode_dtype.cast([model], dtype["dtype"])[0]
+    model.eval()
     splits = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])
     prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"] + splits["val"] + splits["train"]]
     rows = []
@@ -296,7 +304,7 @@ def decoding(name, path, args, trained):
             print(f"decoding {name}: {json.dumps(row)}", flush=True)
             rows.append(row)
     return {"model": name, "checkpoint": path if trained else "the few steps trained here", "trained": trained,
-            "B": B, "tau": TAU, "max_new_tokens": MAX_NEW_TOKENS[name], "rows": rows}
+            "decode_dtype": dtype, "B": B, "tau": TAU, "max_new_tokens": MAX_NEW_TOKENS[name], "rows": rows}
 
 
 def needs(args):
