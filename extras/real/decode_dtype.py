@@ -18,24 +18,32 @@ PROMPT = 20  # the cached prefix the timed windows follow
 ROUNDS = 5  # the best of these per window: a short run's noise is one-sided
 
 
-def window_seconds(model, widths, prompt=PROMPT, rounds=ROUNDS):
-    """{width: seconds}: the best of `rounds` cached forwards of a window of `width` tokens after a prompt of
-    `prompt` tokens, at batch 1, the widths alternating so that a slow spell of the machine hits all."""
-    device = model.wte.weight.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-    cache = model.new_cache(1, prompt + max(widths))
+def window_seconds(models, widths, prompt=PROMPT, rounds=ROUNDS):
+    """{name: {width: seconds}} for models {name: model}: the best of `rounds` cached forwards of a window of `width`
+    tokens after a prompt of `prompt` tokens, at batch 1, the models and widths alternating within each round so
+    that a slow spell of the machine hits all."""
+    caches, best = {}, {name: {w: float("inf") for w in widths} for name in models}
     with torch.inference_mode():
-        model(torch.zeros(1, prompt, dtype=torch.long, device=device), cache=cache)  # also a warm-up
-        best = {w: float("inf") for w in widths}
+        for name, model in models.items():
+            caches[name] = model.new_cache(1, prompt + max(widths))
+            model(torch.zeros(1, prompt, dtype=torch.long, device=model.wte.weight.device), cache=caches[name])
         for _ in range(rounds):
-            for w in widths:
-                cache.rollback([prompt])
-                sync()
-                t = time.perf_counter()
-                model(torch.zeros(1, w, dtype=torch.long, device=device), cache=cache)
-                sync()
-                best[w] = min(best[w], time.perf_counter() - t)
+            for name, model in models.items():
+                device = model.wte.weight.device
+                sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+                for w in widths:
+                    caches[name].rollback([prompt])
+                    sync()
+                    t = time.perf_counter()
+                    model(torch.zeros(1, w, dtype=torch.long, device=device), cache=caches[name])
+                    sync()
+                    best[name][w] = min(best[name][w], time.perf_counter() - t)
     return best
+
+
+def in_both_dtypes(model):
+    """{"float32": a copy of the model in float32, "bfloat16": one in bf16} (the model itself unchanged)."""
+    return {name: copy.deepcopy(model).to(getattr(torch, name)) for name in ("float32", "bfloat16")}
 
 
 def choose(model, B, choice="auto"):
@@ -50,8 +58,7 @@ def choose(model, B, choice="auto"):
             "dtype": "bfloat16" if native else "float32",
             "reason": f"{torch.cuda.get_device_name(device)} {'has' if native else 'lacks'} native bf16 (not probed)"}
     widths = (1, B + 1)
-    seconds = {name: window_seconds(copy.deepcopy(model).to(getattr(torch, name)), widths)
-               for name in ("float32", "bfloat16")}
+    seconds = window_seconds(in_both_dtypes(model), widths)
     cost = {name: sum(s.values()) for name, s in seconds.items()}
     dtype = "bfloat16" if cost["bfloat16"] <= BF16_MARGIN * cost["float32"] else "float32"
     shown = ", ".join(f"{name} {1e3 * s[1]:.1f} ms and {1e3 * s[B + 1]:.1f} ms" for name, s in seconds.items())

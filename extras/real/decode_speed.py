@@ -12,7 +12,6 @@ rarely accepted, so its tokens per forward stay near 1 and its speedup is a lowe
 still gives AR's answers, and the window costs are the base model's own. The held-out prompts are the first
 --n8 checkable instructions of extras.real.distill's held-out set (its default seed), or --heldout.
 """
-import copy
 import json
 import os
 import shlex
@@ -42,12 +41,10 @@ def cpu_model():
 
 def window_costs(model):
     """Per dtype: {width: ms} of a cached forward at batch 1, and each width's cost over one token's."""
-    out = {}
-    for name in ("float32", "bfloat16"):
-        s = decode_dtype.window_seconds(copy.deepcopy(model).to(getattr(torch, name)), WIDTHS)
-        out[name] = {"ms": {str(w): round(1e3 * t, 2) for w, t in s.items()},
-                     "over_one_token": {str(w): round(t / s[1], 3) for w, t in s.items()}}
-    return out
+    seconds = decode_dtype.window_seconds(decode_dtype.in_both_dtypes(model), WIDTHS)
+    return {name: {"ms": {str(w): round(1e3 * t, 2) for w, t in s.items()},
+                   "over_one_token": {str(w): round(t / s[1], 3) for w, t in s.items()}}
+            for name, s in seconds.items()}
 
 
 def explained(wall, costs, B):
@@ -59,6 +56,14 @@ def explained(wall, costs, B):
             row["predicted_speedup"] = round(row["tokens_per_forward"] / over, 3)
             row["measured_over_predicted"] = round(row["speedup"] / row["predicted_speedup"], 3)
     return wall
+
+
+def write(path, result):
+    """The JSON as it stands, atomically."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def get_args(argv=None):
@@ -104,22 +109,19 @@ def main(argv=None):
     print(f"window costs (ms, batch 1, after {decode_dtype.PROMPT} tokens): {json.dumps(costs)}", flush=True)
     base, mars_model = decode_dtype.cast([base, mars_model], dtype)
     prompts = [tok.prompt_ids(e["prompt"]) for e in examples]
-    wall = []
-    with torch.inference_mode():
-        for batch, k in ((1, args.n1), (8, args.n8)):
-            print(f"wall clock: batch {batch}, {k} prompts", flush=True)
-            wall += real_eval.wall_clock(base, mars_model, tok, prompts[:k], batch, [{"tau": args.tau},
-                                         real_eval.LOSSLESS], args, B)
     result = {"command": command, "machine": machine(), "cpu_model": cpu_model(),
               "cpu_capability": torch.backends.cpu.get_cpu_capability(), "device": args.device,
               "base": args.base, "mars_ckpt": args.mars_ckpt,
               "mars_masks": "trained" if args.mars_ckpt else "untrained: the base model's own <|mask|>; its tokens "
               "per forward and speedup are not MARS's", "B": B, "tau": args.tau, "max_new_tokens": args.max_new_tokens,
-              "decode_dtype": why, "window_costs": costs, "wall": explained(wall, costs[dtype], B)}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".tmp", "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(args.out + ".tmp", args.out)
+              "decode_dtype": why, "window_costs": costs, "wall": []}
+    write(args.out, result)  # and after each batch size: a run stopped early keeps what it measured
+    with torch.inference_mode():
+        for batch, k in ((1, args.n1), (8, args.n8)):
+            print(f"wall clock: batch {batch}, {k} prompts", flush=True)
+            result["wall"] += explained(real_eval.wall_clock(base, mars_model, tok, prompts[:k], batch, [
+                {"tau": args.tau}, real_eval.LOSSLESS], args, B), costs[dtype], B)
+            write(args.out, result)
     for w in result["wall"]:
         print(f"batch {w['batch_size']}: {w['decoder']} {w['tokens_per_second']:.1f} tokens/s, "
               f"{w['tokens_per_forward']:.2f} tokens/forward, {w['speedup']:.2f}x AR"
