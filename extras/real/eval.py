@@ -17,7 +17,12 @@ Writes --out (JSON, with the command that regenerates it) and a PNG beside it:
    commits what it would alone).
 2. Wall clock against AR with the KV cache (the base model at B = 1), at batch 1 on the first --wall_n1
    prompts and at batch 8 on the first --wall_n8: batch by batch, AR then each MARS decoder of
-   --wall_thresholds, so a slow spell of the machine hits all; one timed pass after a warm-up forward.
+   --wall_thresholds, so a slow spell of the machine hits all; one timed pass after an untimed one over the same
+   batches where the engine captures CUDA graphs (every shape it times captured before), else after a warm-up
+   forward per decoder (a CPU captures nothing).
+Every model decodes in --decode_dtype: auto measures it (extras/real/decode_dtype.py: bf16 weights where the
+device runs them faster, as on a CPU with native bf16; float32 otherwise), and the choice and why are printed
+and recorded.
 3. With --trend: tokens per forward, identical answers and AR agreement at --trend_tau on the first --trend_n
    prompts, for the base model (step 0: its <|mask|> was never trained) and each --trend checkpoint, by
    training step (train.py overwrites mars.pt; python -m extras.real.snapshots keeps each one it writes).
@@ -39,7 +44,7 @@ from common import UserError, load_checkpoint, model_from_checkpoint
 from common import Parser, add_device, run_cli, threshold
 from train import Config, schedule_of
 from extras.bench.stats import wilson
-from extras.real import checks
+from extras.real import checks, decode_dtype
 from extras.real.distill import decode_all
 from extras.bench.eval import machine, read_prompts
 
@@ -61,6 +66,7 @@ FIELDS = {
     "speedup": "the decoder's tokens/s over AR's (the base model, KV cache), same prompts, batch by batch in turn, "
                "one timed pass",
     "seconds": "wall clock of each phase of this evaluation",
+    "decode_dtype": "the dtype every model decoded in, and why (--decode_dtype; auto: measured)",
 }
 AR = {"tau": 1.0}  # a request's decoder: AR (tau = 1 feeds no masks), MARS at tau, or lossless
 LOSSLESS = {"tau": 1.0, "lossless": True}
@@ -138,20 +144,30 @@ def scores(examples, base, runs, tok):
     return row
 
 
-def wall_clock(base, mars_model, tok, prompts, batch, decoders, args, B):
-    """Seconds and tokens of AR (the base model) and each MARS decoder over the same prompts, batch by batch
-    in turn; speedup = the decoder's tokens/s over AR's."""
-    runs = [("ar", base, {**AR, "B": 1})] + [(name(d), mars_model, {**d, "B": B}) for d in decoders]
-    for _, model, d in runs:  # a warm-up forward per model: the first one pays for allocations
-        engine.generate_batch(model, prompts[:1], tok.eot, tok.mask, max_new_tokens=1, n_vocab=tok.n_vocab, **d)
+def timed_passes(runs, tok, prompts, batch, max_new_tokens):
+    """(seconds, tokens, forwards) per run (name, model, decoder) over the prompts, batch by batch in turn."""
     seconds, tokens, forwards = [0.0] * len(runs), [0] * len(runs), [0] * len(runs)
     for i in range(0, len(prompts), batch):
         for k, (_, model, d) in enumerate(runs):
             done = engine.generate_batch(model, prompts[i:i + batch], tok.eot, tok.mask, n_vocab=tok.n_vocab,
-                                         max_new_tokens=args.max_new_tokens, **d)
+                                         max_new_tokens=max_new_tokens, **d)
             seconds[k] += done[0].seconds
             tokens[k] += sum(len(r.tokens) for r in done)
             forwards[k] += sum(r.forwards for r in done)
+    return seconds, tokens, forwards
+
+
+def wall_clock(base, mars_model, tok, prompts, batch, decoders, args, B):
+    """Seconds and tokens of AR (the base model) and each MARS decoder over the same prompts, batch by batch
+    in turn; speedup = the decoder's tokens/s over AR's. Warmed up first: where the engine captures CUDA graphs,
+    by an untimed pass over the same batches (each (rows, width, keys) shape is captured on its first use, and AR
+    and MARS use different ones); else by a forward per decoder (the first one pays for allocations)."""
+    runs = [("ar", base, {**AR, "B": 1})] + [(name(d), mars_model, {**d, "B": B}) for d in decoders]
+    if base.wte.weight.is_cuda:
+        timed_passes(runs, tok, prompts, batch, args.max_new_tokens)
+    else:
+        timed_passes(runs, tok, prompts[:1], 1, 1)
+    seconds, tokens, forwards = timed_passes(runs, tok, prompts, batch, args.max_new_tokens)
     ar_rate = tokens[0] / seconds[0]
     return [{"decoder": n, "batch_size": batch, "prompts": len(prompts), "seconds": round(s, 2), "tokens": t,
              "tokens_per_second": round(t / s, 2), "tokens_per_forward": round(t / f, 4),
@@ -166,7 +182,7 @@ def trend(base, tok, examples, prompts, base_runs, paths, args, B):
                "ar_agreement": 1.0}]
     for path in paths:
         ckpt = load_checkpoint(path, args.device)
-        model = model_from_checkpoint(ckpt, args.device)[0].eval()
+        model = model_from_checkpoint(ckpt, args.device, base.wte.weight.dtype)[0].eval()
         runs = decode(model, tok, prompts, [d], args, B)[name(d)]
         points.append({"step": ckpt["iter"], "path": path, **scores(examples, base_runs, runs, tok),
                        "ar_agreement": ar_agreement(model, tok, prompts, base_runs)})
@@ -227,6 +243,9 @@ def get_args(argv=None):
     p.add_argument("--trend", nargs="*", default=[], help="checkpoints saved along the training run, for the trend")
     p.add_argument("--trend_tau", type=threshold, default=0.9, help="tau of the trend (default 0.9)")
     p.add_argument("--trend_n", type=int, default=32, help="prompts of the trend, the first ones (default 32)")
+    p.add_argument("--decode_dtype", choices=decode_dtype.DTYPES, default="auto", help="the dtype every model "
+                   "decodes in (default auto: bf16 weights where the device runs them faster, measured; else "
+                   "float32)")
     add_device(p)
     args = p.parse_args(argv)
     if min(args.batch, args.max_new_tokens, args.trend_n) < 1 or min(args.n, args.wall_n1, args.wall_n8) < 0:
@@ -273,10 +292,10 @@ class Clock:
         self.t = now
 
 
-def control_rows(ckpt, tok, examples, prompts, base_runs, args):
+def control_rows(ckpt, tok, examples, prompts, base_runs, args, dtype):
     """The AR control (train.py --stage control: the same data and schedule, the AR loss alone), scored as the
     base is: what any fine-tune of this length costs, MARS aside."""
-    model = model_from_checkpoint(ckpt, args.device)[0].eval()
+    model = model_from_checkpoint(ckpt, args.device, getattr(torch, dtype))[0].eval()
     runs = decode(model, tok, prompts, [AR], args)[name(AR)]
     return [{"decoder": "control AR", **scores(examples, base_runs, runs, tok),
              "ar_agreement": ar_agreement(model, tok, prompts, base_runs)}]
@@ -292,14 +311,16 @@ def main(argv=None):
         raise UserError(f"{args.ckpt} is not a MARS checkpoint (train.py --stage mars writes one)")
     base, tok = model_from_checkpoint(load_checkpoint(args.base, args.device), args.device)
     mars_model, B = model_from_checkpoint(ckpt, args.device)[0].eval(), ckpt["mars"]["B"]
-    base.eval()
+    dtype, why = decode_dtype.choose(base.eval(), B, args.decode_dtype)
+    print(f"decoding in {dtype}: {why['reason']}", flush=True)
+    base, mars_model = decode_dtype.cast([base, mars_model], dtype)
     prompts = [tok.prompt_ids(e["prompt"]) for e in examples]
     clock.lap("load")
     print(f"sweep: {len(prompts)} prompts, base AR, then MARS at {args.thresholds} and lossless", flush=True)
     base_runs = decode(base, tok, prompts, [AR], args)[name(AR)]
     clock.lap("base")
     control_ckpt = load_checkpoint(args.control, args.device) if args.control else None
-    control = control_rows(control_ckpt, tok, examples, prompts, base_runs, args) if control_ckpt else []
+    control = control_rows(control_ckpt, tok, examples, prompts, base_runs, args, dtype) if control_ckpt else []
     clock.lap("control")
     runs = decode(mars_model, tok, prompts, [{"tau": t} for t in args.thresholds] + [LOSSLESS], args, B)
     agreement = ar_agreement(mars_model, tok, prompts, base_runs)
@@ -330,7 +351,7 @@ def main(argv=None):
               "wall": wall, "trend_tau": args.trend_tau, "trend_n": n, "trend": points,
               "examples": [{"prompt": examples[r.index]["prompt"], "tau": args.trend_tau,
                             "forwards": [tok.decode(c) for c in r.chunks]} for r in shown],
-              "seconds": clock.phases}
+              "decode_dtype": why, "seconds": clock.phases}
     result["sweep"][0]["ar_agreement"] = agreement  # teacher-forced: the MARS model's AR stream, any tau
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".tmp", "w") as f:

@@ -43,11 +43,12 @@ def opening_ids(tok):
 
 def top_p_sample(logits, temperature, top_p, generator):
     """One token per row from softmax(logits / temperature), restricted to the smallest set of tokens whose
-    probability reaches top_p (nucleus sampling)."""
+    probability reaches top_p (nucleus sampling). Drawn where the logits are, with the generator of that device:
+    (rows, vocab) probabilities copied to the host at every token would cost a GPU more than the forward."""
     probs = (logits.float() / temperature).softmax(-1)
     sorted_p, order = probs.sort(-1, descending=True)
     sorted_p[(sorted_p.cumsum(-1) - sorted_p) >= top_p] = 0  # the tokens past the nucleus
-    pick = torch.multinomial(sorted_p.cpu(), 1, generator=generator).to(order.device)
+    pick = torch.multinomial(sorted_p, 1, generator=generator)
     return order.gather(-1, pick)[:, 0]
 
 
@@ -55,7 +56,7 @@ def top_p_sample(logits, temperature, top_p, generator):
 def sample_batch(model, tok, opening, rows, max_tokens, temperature, top_p, seed):
     """`rows` requests sampled after the opening: [(text, finished)], finished = it ended its turn in budget."""
     device = model.wte.weight.device
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device).manual_seed(seed)  # the device's: the draws stay there
     cache = model.new_cache(rows, len(opening) + max_tokens)
     window = torch.tensor([opening] * rows, device=device)
     out = torch.full((rows, max_tokens), tok.eot, dtype=torch.long)
