@@ -176,11 +176,11 @@ def test_eval_rejects_missing_and_wrong_checkpoints(tiny_run, tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# extras/real/decode_dtype.py and extras.real.decode_speed: a real model's decoding dtype, chosen by measuring
+# extras/bench/decode_dtype.py and extras.real.decode_speed: a real model's decoding dtype, chosen by measuring
 
 def test_the_decoding_dtype_is_forced_by_the_flag_or_measured_in_both_dtypes():
     from conftest import random_model
-    from extras.real import decode_dtype
+    from extras.bench import decode_dtype
     model = random_model().float()
     assert decode_dtype.choose(model, 4, "bfloat16") == ("bfloat16", {"dtype": "bfloat16",
                                                                       "reason": "--decode_dtype bfloat16"})
@@ -205,7 +205,7 @@ def test_decode_speed_writes_the_choice_the_window_costs_and_the_wall_clock(tiny
                        "--device", "cpu", "--out", str(out)])
     r = json.loads(out.read_text())
     assert r["decode_dtype"] == {"dtype": "float32", "reason": "--decode_dtype float32"} and r["cpu_capability"]
-    assert r["mars_masks"] == "trained" and r["B"] == checkpoint.load_checkpoint(str(tiny_run / "mars.pt"))["mars"]["B"]
+    assert r["mars_masks"] == "trained" and r["B"] == common.load_checkpoint(str(tiny_run / "mars.pt"))["mars"]["B"]
     for costs in r["window_costs"].values():
         assert list(costs["ms"]) == ["1", "2", "4", "8"] and costs["over_one_token"]["1"] == 1.0
     assert [(w["batch_size"], w["decoder"]) for w in r["wall"]] == [(b, d) for b in (1, 8)

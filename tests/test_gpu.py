@@ -124,7 +124,7 @@ def test_gpu_check_quick_sizes_for_six_minutes_and_the_flags_given_win():
     args = gpu_check.get_args(["--quick", "--device", "cpu", "--steps", "7", "--skip", "smollm2_decoding"])
     assert (args.steps, args.warmup_steps, args.batches, args.graphs) == (7, 10, [1, 8], ["off", "captured"])
     assert args.skip == ["toy_compiled", "smollm2_decoding", "toy_full"]
-    assert args.toy_batches == [config.PRESETS["gpu"]["batch_size"]]
+    assert args.toy_batches == [train.PRESETS["gpu"]["batch_size"]]
 
 
 def test_gpu_check_checks_what_each_phase_needs_before_the_first(monkeypatch):

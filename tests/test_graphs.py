@@ -12,6 +12,7 @@ from extras.engine import engine
 from conftest import EOT, MASK, random_model, random_prompts
 from extras.engine.engine import Engine, Request, generate_batch
 from extras.engine.static_cache import StaticKVCache
+from model import GPT, GPTConfig
 
 PROMPTS = [3, 7, 5, 9, 4, 6, 8]  # lengths: ragged rows, and more rows than a power of two
 MODES = {

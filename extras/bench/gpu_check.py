@@ -48,7 +48,7 @@ from common import UserError, check_device, load_checkpoint, model_from_checkpoi
 from common import Parser, add_device, run_cli
 from extras.bench.eval import machine
 from extras.checkpoints import gguf_file
-from extras.real import decode_dtype
+from extras.bench import decode_dtype
 from model import GPT, GPTConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"  # the measured files the estimate reads
@@ -108,7 +108,7 @@ def get_args(argv=None):
     p.add_argument("--graphs", nargs="+", choices=engine.GRAPH_MODES, help="decoding's engine.GRAPH_MODES "
                    "(default all three on CUDA, off on a CPU)")
     p.add_argument("--decode_dtype", choices=decode_dtype.DTYPES, default="auto", help="SmolLM2's decoding dtype "
-                   "(default auto: bf16 on a GPU with native bf16; on a CPU, measured: extras/real/decode_dtype.py)")
+                   "(default auto: bf16 on a GPU with native bf16; on a CPU, measured: extras/bench/decode_dtype.py)")
     p.add_argument("--estimate_only", action="store_true", help="run nothing; write the estimate alone")
     add_device(p)
     args = p.parse_args(argv)
@@ -120,7 +120,7 @@ def get_args(argv=None):
             elif k not in given:
                 setattr(args, k, v)
         if "toy_batches" not in given:
-            args.toy_batches = [config.PRESETS[args.preset]["batch_size"]]
+            args.toy_batches = [train.PRESETS[args.preset]["batch_size"]]
     if min(args.steps, args.warmup_steps, args.n_train, *args.batches, *(args.toy_batches or [1])) < 1:
         p.error("--steps, --warmup_steps, --n_train, --batches and --toy_batches must be at least 1")
     if args.real_ckpt and not os.path.exists(args.real_ckpt):  # before an hour of runs, not after

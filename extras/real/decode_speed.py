@@ -1,4 +1,4 @@
-"""A real model's decoding speed on this machine, in the dtype it decodes in (extras/real/decode_dtype.py): the
+"""A real model's decoding speed on this machine, in the dtype it decodes in (extras/bench/decode_dtype.py): the
 choice and its timings; the cost of one cached forward of a window of 1, 2, 4 and 8 tokens in float32 and bf16
 (what a MARS window costs over an AR step); and the wall clock of AR, MARS at --tau and lossless decoding at
 batch 1 and 8 on held-out checkable instructions (extras.real.eval's rows), beside the speedup those window
@@ -20,10 +20,10 @@ import sys
 
 import torch
 
-from checkpoint import UserError, check_device, load_checkpoint, model_from_checkpoint
-from config import Parser, add_device, run_cli, threshold
+from common import UserError, check_device, load_checkpoint, model_from_checkpoint
+from common import Parser, add_device, run_cli, threshold
 from extras.bench.eval import machine, read_prompts
-from extras.real import decode_dtype
+from extras.bench import decode_dtype
 from extras.real import eval as real_eval
 from extras.real.distill import prompt_sets
 
@@ -80,7 +80,7 @@ def get_args(argv=None):
     p.add_argument("--n8", type=int, default=24, help="prompts timed at batch 8 (default 24, as extras.real.eval)")
     p.add_argument("--max_new_tokens", type=int, default=128, help="the answers' budget (default 128)")
     p.add_argument("--decode_dtype", choices=decode_dtype.DTYPES, default="auto", help="the dtype decoded in "
-                   "(default auto: measured, extras/real/decode_dtype.py)")
+                   "(default auto: measured, extras/bench/decode_dtype.py)")
     p.add_argument("--out", default="docs/decode_dtype_smollm2_cpu.json", help="the JSON to write (default "
                    "docs/decode_dtype_smollm2_cpu.json)")
     add_device(p)

@@ -20,7 +20,7 @@ Writes --out (JSON, with the command that regenerates it) and a PNG beside it:
    --wall_thresholds, so a slow spell of the machine hits all; one timed pass after an untimed one over the same
    batches where the engine captures CUDA graphs (every shape it times captured before), else after a warm-up
    forward per decoder (a CPU captures nothing).
-Every model decodes in --decode_dtype: auto measures it (extras/real/decode_dtype.py: bf16 weights where the
+Every model decodes in --decode_dtype: auto measures it (extras/bench/decode_dtype.py: bf16 weights where the
 device runs them faster, as on a CPU with native bf16; float32 otherwise), and the choice and why are printed
 and recorded.
 3. With --trend: tokens per forward, identical answers and AR agreement at --trend_tau on the first --trend_n
@@ -44,7 +44,8 @@ from common import UserError, load_checkpoint, model_from_checkpoint
 from common import Parser, add_device, run_cli, threshold
 from train import Config, schedule_of
 from extras.bench.stats import wilson
-from extras.real import checks, decode_dtype
+from extras.bench import decode_dtype
+from extras.real import checks
 from extras.real.distill import decode_all
 from extras.bench.eval import machine, read_prompts
 
@@ -169,7 +170,7 @@ def wall_clock(base, mars_model, tok, prompts, batch, decoders, args, B):
         timed_passes(runs, tok, prompts[:1], 1, 1)
     seconds, tokens, forwards = timed_passes(runs, tok, prompts, batch, args.max_new_tokens)
     ar_rate = tokens[0] / seconds[0]
-    return [{"decoder": n, "batch_size": batch, "prompts": len(prompts), "seconds": round(s, 2), "tokens": t,
+    return [{"decoder": n, "batch_size": batch, "prompts": len(prompts), "seconds": round(s, 4), "tokens": t,
              "tokens_per_second": round(t / s, 2), "tokens_per_forward": round(t / f, 4),
              "speedup": round(t / s / ar_rate, 3)} for (n, _, _), s, t, f in zip(runs, seconds, tokens, forwards)]
 

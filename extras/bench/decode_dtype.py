@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from precision import BF16_MARGIN
+from extras.bench.precision import BF16_MARGIN
 
 DTYPES = ("auto", "float32", "bfloat16")  # --decode_dtype
 PROMPT = 20  # the cached prefix the timed windows follow
