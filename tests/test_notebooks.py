@@ -46,7 +46,7 @@ SOURCES = """import hashlib as _h, json as _j, os as _o, sys as _s
 _root = _o.path.abspath("..")
 _files = {_o.path.abspath(m.__file__) for m in list(_s.modules.values()) if getattr(m, "__file__", None)}
 print(_j.dumps({_o.path.relpath(f, _root): _h.sha256(open(f, "rb").read()).hexdigest()
-                for f in sorted(_files) if f.startswith(_root + _o.sep) and f.endswith(".py")}))"""
+                for f in sorted(_files) if f.startswith(_root + _o.sep) and f.endswith(".py") and _o.path.isfile(f)}))"""
 
 
 def sha256(path):
