@@ -314,8 +314,8 @@ def finish(stage):
 
 
 def evaluate(model, tok, examples, B=1, tau=1.0):
-    """Greedy exact-answer accuracy, overall and per family, and tokens per forward (output tokens over
-    forwards), the prompts decoded EVAL_BATCH at a time by sample.generate (the paper's loop, batched)."""
+    """Greedy exact-answer accuracy, overall and per family, and tokens per forward (output
+    tokens over forwards), the prompts decoded EVAL_BATCH at a time by sample.generate."""
     model.eval()
     done = []
     for i in range(0, len(examples), EVAL_BATCH):  # n_vocab: never an id past the tokenizer's

@@ -143,7 +143,8 @@ def test_real_eval_end_to_end(tiny_run, distilled, tmp_path):
     real_eval.main(["--base", str(tiny_run / "ar.pt"), "--ckpt", str(tiny_run / "mars.pt"), "--control",
                     str(tiny_run / "ar.pt"), "--heldout",
                     str(out / "heldout.jsonl"), "--n", "6", "--max_new_tokens", "8", "--batch", "4", "--wall_n1", "1",
-                    "--wall_n8", "3", "--trend", str(tiny_run / "mars.pt"), "--trend_n", "3", "--out", str(result)])
+                    "--wall_n8", "3", "--trend", str(tiny_run / "mars.pt"), "--trend_n", "3",
+                    "--decode_dtype", "float32", "--out", str(result)])  # float32: the equalities below are exact
     r = json.loads(result.read_text())
     assert r["command"].startswith("python -m extras.real.eval --base") and (tmp_path / "real.png").exists()
     assert [s["decoder"] for s in r["sweep"]] == ["MARS " + d for d in ("tau=1.0", "tau=0.95", "tau=0.9", "tau=0.8",
