@@ -311,6 +311,13 @@ def load_splits(data_path, seed, n_train, tasks=None):
     return load_jsonl(data_path) if data_path else build_instruction_set(seed, n_train, tasks=tasks)
 
 
+def splits_of(train_config):
+    """The splits a checkpoint was trained and scored on, from its train_config (its data or seed,
+    examples and task families): where every tool finds a checkpoint's held-out prompts."""
+    c = train_config
+    return load_splits(c["data"], c["seed"], c["n_train"], c.get("tasks"))
+
+
 # ---------------------------------------------------------------------------
 # Batching
 

@@ -242,7 +242,7 @@ def main(argv=None):
     if args.prompt:
         return answer([{"prompt": p} for p in args.prompt], args.tau)
     cfg = ckpt["train_config"]
-    test = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"], cfg.get("tasks"))["test"]
+    test = data.splits_of(cfg)["test"]
     right = answer(test[:args.num_prompts], args.tau)
     print(f"{right}/{len(test[:args.num_prompts])} right",
           file=sys.stderr if args.json else sys.stdout)  # stdout stays JSON lines

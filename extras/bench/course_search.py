@@ -50,7 +50,7 @@ def score(out_dir, limit=300):
     from checkpoint import load_checkpoint, model_from_checkpoint
     ckpt = load_checkpoint(os.path.join(out_dir, "mars.pt"), "cpu")
     cfg = ckpt["train_config"]
-    val = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"], cfg.get("tasks"))["val"][:limit]
+    val = data.splits_of(cfg)["val"][:limit]
     model, tok = model_from_checkpoint(ckpt, "cpu")
     return {f"mars_tau{tau}": train.evaluate(model, tok, val, B=ckpt["mars"]["B"], tau=tau) for tau in (1.0, 0.9)}
 

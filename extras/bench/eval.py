@@ -314,7 +314,7 @@ def main(argv=None):
         raise UserError(f"{args.ckpt[0]} has no held-out test set of its training data: score it on yours "
                         "with --data my_eval.jsonl")
     cfg = ckpts[0]["train_config"]
-    test = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["test"][:args.limit]
+    test = data.splits_of(cfg)["test"][:args.limit]
     if not test:
         raise UserError("the data of this checkpoint has no held-out test examples to evaluate")
     taus = [1.0] + sorted(set(args.thresholds) - {1.0}, reverse=True)

@@ -164,7 +164,7 @@ def stage_figures(ckpt, history, device_name, warmup_steps):
     utilization."""
     cfg, name, B = ckpt["train_config"], ckpt["stage"], ckpt.get("mars", {}).get("B", 1)
     _, tok = model_from_checkpoint(ckpt, "cpu")
-    examples = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["train"][:ROW_SAMPLE]
+    examples = data.splits_of(cfg)["train"][:ROW_SAMPLE]
     rows = data.tokenize(examples, tok, cfg["max_seq_len"], B)
     row_tokens = sum(len(ids) for ids, _ in rows) / len(rows)
     warm, last = history[min(warmup_steps, len(history) - 1) - 1], history[-1]
@@ -203,7 +203,7 @@ def quality(out_dir, device):
         table = json.load(f)
     ckpt = load_checkpoint(os.path.join(out_dir, "mars.pt"), device)
     cfg = ckpt["train_config"]
-    test = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["test"][:cfg["summary_limit"]]
+    test = data.splits_of(cfg)["test"][:cfg["summary_limit"]]
     table.append({"model": "MARS tau=0.95", "threshold": 0.95,
                   **train.evaluate(*model_from_checkpoint(ckpt, device), test, B=ckpt["mars"]["B"], tau=0.95)})
     ar, tau_1, tau_95 = table[0], table[1], table[-1]
@@ -288,7 +288,7 @@ def decoding(name, path, args, trained):
         dtype = decode_dtype.choose(model.eval(), B, args.decode_dtype)[1]
         model = decode_dtype.cast([model], dtype["dtype"])[0]
     model.eval()
-    splits = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])
+    splits = data.splits_of(cfg)
     prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"] + splits["val"] + splits["train"]]
     rows = []
     for graphs in args.graphs:

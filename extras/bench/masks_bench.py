@@ -77,7 +77,7 @@ def setup(args):
         examples = data.read_jsonl(args.data)
     elif ours:
         cfg = ckpt["train_config"]
-        examples = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])["test"]
+        examples = data.splits_of(cfg)["test"]
     else:
         examples = data.build_instruction_set(0)["test"]
     examples = [e for e in examples if len(tok.prompt_ids(e["prompt"])) < model.config.max_seq_len]

@@ -234,7 +234,7 @@ def prompts_for_load(ckpt, tok, max_seq, max_batch, data_path=None):
                         "held-out prompts: give --data FILE (JSONL of {prompt, answer})")
     else:
         cfg = ckpt["train_config"]
-        splits = data.load_splits(cfg["data"], cfg["seed"], cfg["n_train"])
+        splits = data.splits_of(cfg)
         test, val = fits(splits["test"]), fits(splits["val"])
     if not test:
         raise UserError(f"no held-out prompt fits the model's context of {max_seq} tokens")
