@@ -17,7 +17,7 @@ import sys
 import time
 
 SIX = "spell,reverse,copy,words,convert,facts"
-COMMON = f"--summary_limit 300 --eval_every 100000 --save_every 100000"
+COMMON = "--summary_limit 300 --eval_every 100000 --save_every 100000"
 CANDIDATES = {  # name: train.py flags (the cpu preset underneath)
     "L4W256_f6_800_500": f"--tasks {SIX} --ar_iters 800 --mars_iters 500 --lr 3e-3 --mars_lr 3e-3",
     "L4W128_f6_1500_800": f"--tasks {SIX} --n_embd 128 --ar_iters 1500 --mars_iters 800 --lr 3e-3 --mars_lr 3e-3",
