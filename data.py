@@ -1,10 +1,7 @@
-"""The instruction set, its checkers and splits, and batching (the tokenizer is tokenizer.py).
-
-Everything here is about text and token ids; nothing here knows about models.
-Of MARS it knows one number: make_batch pads a sequence to a multiple of B, and
-length_buckets and tokenize take that multiple. The built-in instruction set is generated from a seed: ten task
-families, each with one exact answer and a checker, mixing predictable
-template text ("The answer is") with genuinely hard tokens (digits, letters).
+"""The instruction set, its checkers and splits, and batching: text and ids, no models.
+Ten task families, generated from a seed, each with one exact answer and a checker, mix
+predictable template text ("The answer is") with hard tokens (digits, letters). Of MARS it
+knows one number: make_batch pads a sequence to a multiple of B.
 """
 import hashlib
 import json
@@ -194,11 +191,8 @@ TASKS = {
 
 
 def check(example, response):
-    """True when `response` carries exactly the example's answer. Task "number" (a user's eval
-    JSONL of {prompt, answer}, e.g. GSM8K): extras/real/records.py checks its final number."""
-    if example["task"] == "number":
-        from extras.real.records import same_number  # the seam for GSM8K-style answers
-        return same_number(response, example["answer"])
+    """True when `response` carries exactly the example's answer (task "custom": the whole
+    response, a user's record)."""
     extract = TASKS[example["task"]][1] if example["task"] in TASKS else None
     response = response.strip()
     if extract is None:
@@ -258,41 +252,40 @@ def build_instruction_set(seed=0, n_train=40000, n_val=500, n_test=2000, tasks=N
 
 
 def read_record(rec):
-    """One line of a user's JSONL as an example {"task", "prompt", "response", "answer"}: the toy's
-    {"prompt", "response"} here; any other form ({"messages"}, an "answer" to evaluate, GSM8K) is
-    read by extras/real/records.py (the seam)."""
-    if rec.keys() == {"prompt", "response"} and all(isinstance(v, str) for v in rec.values()):
-        return dict(task="custom", prompt=rec["prompt"], answer=rec["response"].strip(),
-                    response=rec["response"])
-    from extras.real.records import read_record as read_other
-    return read_other(rec)
+    """A line of a user's JSONL, {"prompt", "response"}, as an example of task "custom"."""
+    if not (isinstance(rec, dict) and rec.keys() == {"prompt", "response"}
+            and all(isinstance(v, str) for v in rec.values())):
+        raise ValueError('expected {"prompt": "...", "response": "..."}; '
+                         'python -m extras.real.train --data reads {"messages": [...]}, '
+                         'python -m extras.bench.eval --data {"prompt", "answer"}')
+    return dict(task="custom", prompt=rec["prompt"], answer=rec["response"].strip(),
+                response=rec["response"])
 
 
-def read_jsonl(path, need_response=False):
-    """Every record of a user's JSONL (`read_record`), in file order; need_response: each must
-    carry one (training data)."""
+def read_jsonl(path, need_response=False, read=read_record):
+    """Every record of a user's JSONL as read(record) reads it, in file order;
+    need_response: each must carry one (training data)."""
     examples = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                e = read_record(json.loads(line))
+                e = read(json.loads(line))
             except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
-                raise ValueError(f"{path}:{lineno}: malformed record ({err}); expected {{\"prompt\": ..., "
-                                 '"response": ...}, {"messages": [...]} or {"prompt": ..., "answer": ...}') from None
+                raise ValueError(f"{path}:{lineno}: malformed record ({err})") from None
             if need_response and "response" not in e:
-                raise ValueError(f"{path}:{lineno}: no response to train on (a file of {{prompt, answer}} is for "
-                                 "python -m extras.bench.eval --data)")
+                raise ValueError(f"{path}:{lineno}: no response to train on (a file of "
+                                 "{prompt, answer} is for python -m extras.bench.eval --data)")
             examples.append(e)
     return examples
 
 
-def load_jsonl(path):
-    """A user's own instruction data (`read_record`), split into train/val/test by the same prompt
-    hash as the built-in set (a conversation's key is its messages as JSON)."""
+def load_jsonl(path, read=read_record):
+    """A user's own instruction data, split by the same prompt hash as the built-in set (a
+    conversation's key is its messages as JSON)."""
     splits = {"train": [], "val": [], "test": []}
-    for e in read_jsonl(path, need_response=True):
+    for e in read_jsonl(path, need_response=True, read=read):
         key = e["prompt"] if isinstance(e["prompt"], str) else json.dumps(e["prompt"], ensure_ascii=False)
         splits[split_of(key)].append(e)
     if not splits["train"]:
@@ -307,15 +300,17 @@ def plain_text(example):
     return (p if isinstance(p, str) else "\n".join(m["content"] for m in p)) + "\n" + example["response"]
 
 
-def load_splits(data_path, seed, n_train, tasks=None):
-    return load_jsonl(data_path) if data_path else build_instruction_set(seed, n_train, tasks=tasks)
+def load_splits(data_path, seed, n_train, tasks=None, read=read_record):
+    if data_path:
+        return load_jsonl(data_path, read)
+    return build_instruction_set(seed, n_train, tasks=tasks)
 
 
-def splits_of(train_config):
-    """The splits a checkpoint was trained and scored on, from its train_config (its data or seed,
-    examples and task families): where every tool finds a checkpoint's held-out prompts."""
+def splits_of(train_config, read=read_record):
+    """The splits a checkpoint was trained and scored on, from its train_config: where
+    every tool finds a checkpoint's held-out prompts."""
     c = train_config
-    return load_splits(c["data"], c["seed"], c["n_train"], c.get("tasks"))
+    return load_splits(c["data"], c["seed"], c["n_train"], c.get("tasks"), read)
 
 
 # ---------------------------------------------------------------------------

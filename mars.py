@@ -14,17 +14,15 @@ import torch
 # ---------------------------------------------------------------------------
 # Training (paper section "Training")
 
-def mars_attention_mask(seq_len, B, offset=0):
+def mars_attention_mask(seq_len, B):
     """Boolean (2T, 2T) mask over the [noisy | clean] input, True = may attend. With logical
-    position p and block(p) = (p + offset) // B, query i may attend key j when
+    position p and block(p) = p // B, query i may attend key j when
       clean -> clean: pos_j <= pos_i                         (a plain AR model)
       noisy -> noisy: same block and pos_j <= pos_i          (causal within a block)
       noisy -> clean: block(j) < block(i)                    (earlier blocks only)
-      clean -> noisy: never
-    The paper's grid is offset 0 (blocks at multiples of B from the sequence start); the ablation
-    train.py --block_offset random shifts every boundary (extras/real/options.py)."""
+      clean -> noisy: never"""
     pos = torch.arange(seq_len)
-    blk = (pos + offset) // B
+    blk = pos // B
     causal = pos[None, :] <= pos[:, None]
     same_block = blk[None, :] == blk[:, None]
     earlier_block = blk[None, :] < blk[:, None]
@@ -42,27 +40,21 @@ def noisy_copy(x, y, mask_id):
 
 
 @functools.lru_cache(maxsize=256)
-def training_mask(T, B, offset, device):
-    """mars_attention_mask(T, B, offset) on device, built once per shape, not at every step."""
-    return mars_attention_mask(T, B, offset).to(device)
+def training_mask(T, B, device):
+    """mars_attention_mask(T, B) on device, built once per shape, not at every step."""
+    return mars_attention_mask(T, B).to(device)
 
 
-def idle_noisy_positions(y, B, offset=0):
+def idle_noisy_positions(y, B):
     """How many leading noisy positions feed nothing: those before the block of the batch's
     first target. They hold prompt tokens, carry no loss, and no other position attends to them
     (noisy -> noisy stays within a block; clean never sees noisy): the loss is the same without
     them, only cheaper."""
     first_target = int((y != -1).int().argmax(1).min())
-    return max(0, (first_target + offset) // B * B - offset)
+    return first_target // B * B
 
 
-def token_ce(model, ids, targets, positions=None, attn_mask=None):
-    """Cross-entropy at every position (b, t) in float32, 0 where the target is -1; the model
-    computes logits only where there is a target."""
-    return model(ids, targets, positions=positions, attn_mask=attn_mask)
-
-
-def mars_input(x, y, mask_id, B, offset=0):
+def mars_input(x, y, mask_id, B):
     """The MARS forward's input for x and its targets y (b, T), y = -1 off the response: ids
     [noisy | clean], both streams at positions 0..T-1, targets [y | y] (position q of either stream
     predicts y[q]) and the MARS mask; the noisy positions that feed nothing left out (a saving)."""
@@ -70,8 +62,8 @@ def mars_input(x, y, mask_id, B, offset=0):
     ids = torch.cat([noisy_copy(x, y, mask_id), x], dim=1)  # [noisy | clean]
     pos = torch.arange(T, device=x.device).repeat(2)  # both streams at 0..T-1
     targets = torch.cat([y, y], dim=1)  # position q of either stream predicts y[q]
-    attn_mask = training_mask(T, B, offset, x.device)
-    skip = idle_noisy_positions(y, B, offset)  # only a saving
+    attn_mask = training_mask(T, B, x.device)
+    skip = idle_noisy_positions(y, B)  # only a saving
     return ids[:, skip:], pos[skip:], targets[:, skip:], attn_mask[skip:, skip:]
 
 
@@ -81,7 +73,7 @@ def mars_loss(model, x, y, mask_id, B, ar_weight=1.0):
     CE(clean), then the mean over sequences: a short answer weighs as much as a long one (the
     official trainer's normalisation)."""
     ids, pos, targets, attn_mask = mars_input(x, y, mask_id, B)
-    ce = token_ce(model, ids, targets, pos, attn_mask)
+    ce = model(ids, targets, positions=pos, attn_mask=attn_mask)  # (b, 2T - skip), 0 off target
     T, n = x.shape[1], (y != -1).sum(1).clamp_min(1)  # response tokens per sequence
     noisy, clean = ce[:, :-T].sum(1) / n, ce[:, -T:].sum(1) / n  # clean: the last T positions
     loss = (noisy + ar_weight * clean).mean()  # CE(noisy) + alpha * CE(clean)
@@ -92,7 +84,7 @@ def ar_loss(model, x, y, per_sequence=False):
     """Next-token cross-entropy on the response tokens: the token mean for stage 1 (as the
     official SFT trainer averages), or per_sequence, exactly mars_loss's clean term (the
     like-for-like control)."""
-    ce, where = token_ce(model, x, y), y != -1
+    ce, where = model(x, y), y != -1
     return (ce.sum(1) / where.sum(1).clamp_min(1)).mean() if per_sequence else ce[where].mean()
 
 
@@ -119,7 +111,7 @@ def accept(conf, tau):
     prediction (the last real token's, i.e. the AR prediction) is always committed; then
     predictions 2, 3, ... left to right while conf >= tau, stopping at the first that falls short.
     tau >= 1 commits exactly one token: a float32 probability can round to 1.0, and conf >= 1.0
-    would take more. tau: a number, or (b, 1), one per row (the engine's requests)."""
+    would take more. tau: a number, or (b, 1), one per row."""
     tau = torch.as_tensor(tau, dtype=conf.dtype, device=conf.device)  # in conf's precision
     ok = (conf >= tau) & (tau < 1)
     ok[:, 0] = True
@@ -140,8 +132,7 @@ def through_eot(tokens, eot_id):
     return tokens[:tokens.index(eot_id) + 1] if eot_id in tokens else tokens
 
 
-def cache_slots(longest, B, span=0):
+def cache_slots(longest, B):
     """KV-cache slots a row can need: it caches at most longest - 1 positions (longest: prompt
-    and answer), then a forward writes the widest window: 2B - 1 (fresh tokens, B - 1 masks), or
-    span + 1 if wider (the engine's block cache feeds a span of B_cache positions)."""
-    return longest - 1 + max(2 * B - 1, span + 1)
+    and answer), then a forward writes the widest window, 2B - 1 (fresh tokens, B - 1 masks)."""
+    return longest - 1 + 2 * B - 1

@@ -1,9 +1,6 @@
-"""A GPT in one file: the transformer of Qwen2 and Llama (RMSNorm, SwiGLU MLP, rotary positions,
-grouped-query attention) and a plain KV cache; one class for our presets and real checkpoints
-(extras/checkpoints/hf.py maps the Hugging Face names onto it). MARS needs two things a plain GPT
-hides, here ordinary arguments: position ids (the noisy and clean streams share positions 0..T-1)
-and any boolean attention mask (the [noisy | clean] mask). Positions enter only through the rotary
-embedding, so attention sees relative distances, never absolute places.
+"""A GPT in one file (Qwen2's and Llama's transformer) and a plain KV cache. MARS needs two
+things a plain GPT hides, here ordinary arguments: position ids (the noisy and clean streams
+share positions 0..T-1) and any boolean attention mask (the [noisy | clean] mask).
 """
 import math
 from dataclasses import dataclass
@@ -15,8 +12,8 @@ import torch.nn.functional as F
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 1024  # embeddings (a real checkpoint's can outnumber its tokenizer's ids)
-    max_seq_len: int = 128  # the context length (never called block_size here: that is MARS's B)
+    vocab_size: int = 1024  # a real checkpoint's may exceed its tokenizer's ids
+    max_seq_len: int = 128  # the context (not block_size: MARS's B is a block)
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 256
@@ -25,8 +22,8 @@ class GPTConfig:
     intermediate_size: int = 0  # SwiGLU width (0 = 8/3 n_embd, rounded up to a multiple of 64)
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
-    qkv_bias: bool = False  # Qwen2 has biases on q, k and v (never on the output projection)
-    tie_embeddings: bool = True  # the output head reuses the token embedding
+    qkv_bias: bool = False  # Qwen2: biases on q, k and v (never on o)
+    tie_embeddings: bool = True  # lm_head shares wte's weight
 
     def __post_init__(self):
         self.n_kv_head = self.n_kv_head or self.n_head
@@ -37,80 +34,9 @@ class GPTConfig:
                              "(rotary rotates pairs)")
 
 
-class KVCache:
-    """Preallocated keys and values (key/value heads only) for every layer, with a length per
-    batch row. A forward appends at slots lengths[b]..; the caller keeps what it wants with
-    `rollback` (MARS drops its <|mask|> tokens' entries after every step). Slots past a row's
-    length are never read."""
-
-    def __init__(self, config, batch_size, max_len, dtype, device):
-        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.lengths = [0] * batch_size  # host-side: bookkeeping never waits for the device
-        self.max_len = max_len
-
-    def rollback(self, lengths):
-        self.lengths = list(lengths)
-
-    def keep_rows(self, rows):
-        """Drop finished rows from the batch."""
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
-        self.lengths = [self.lengths[i] for i in rows]
-
-    def add_rows(self, n):
-        """Append n empty rows (new requests joining a running batch)."""
-        empty = self.k.new_zeros(self.k.shape[0], n, *self.k.shape[2:])
-        self.k, self.v = torch.cat([self.k, empty], dim=1), torch.cat([self.v, empty], dim=1)
-        self.lengths = self.lengths + [0] * n
-
-    def append(self, positions):
-        """A forward of t tokens (positions (t,) or (b, t)) begins: remember where its keys go,
-        count them in every row, and return its attention mask (None where every key may be
-        attended): query i of row b sits at slot lengths[b] + i and attends every slot up to its
-        own."""
-        t, device = positions.shape[-1], positions.device
-        lo, hi = min(self.lengths), max(self.lengths)
-        if hi + t > self.max_len:
-            raise ValueError(f"KV cache overflow: {hi + t} > {self.max_len} slots")
-        self.n_keys = hi + t
-        if lo == hi:  # every row at the same length: a plain slice
-            self.where = slice(lo, lo + t)
-            visible = torch.ones(t, hi + t, dtype=torch.bool, device=device).tril(lo)
-            visible = None if t == 1 else visible
-        else:
-            first = torch.tensor(self.lengths, device=device)[:, None]
-            slots = first + torch.arange(t, device=device)  # (b, t)
-            self.where = (torch.arange(len(self.lengths), device=device)[:, None], slots)
-            visible = (torch.arange(hi + t, device=device) <= slots[..., None])[:, None]
-        self.lengths = [n + t for n in self.lengths]
-        return visible
-
-    def update(self, layer, k, v):
-        """Write this layer's new keys and values; return all keys and values to attend."""
-        if isinstance(self.where, slice):
-            self.k[layer, :, :, self.where] = k
-            self.v[layer, :, :, self.where] = v
-        else:  # ragged rows: advanced indexing puts (b, t) first, then heads
-            rows, slots = self.where
-            self.k[layer][rows, :, slots] = k.transpose(1, 2)
-            self.v[layer][rows, :, slots] = v.transpose(1, 2)
-        return self.k[layer, :, :, :self.n_keys], self.v[layer, :, :, :self.n_keys]
-
-
-def check_room(prompt, max_seq):
-    """A prompt must leave its answer room in a context of max_seq tokens: else a ValueError (the
-    command line's one-line error), for sample.py's loop and the engine alike."""
-    if len(prompt) >= max_seq:
-        raise ValueError(f"prompt of {len(prompt)} tokens does not fit the model's context "
-                         f"of {max_seq}")
-
-
 def rotary(positions, head_dim, base, dtype):
-    """cos and sin (b or 1, 1, t, head_dim/2) of the angles position * base^(-2i/d).
-
-    Computed in float32 as Hugging Face does (in float64 when the model is: tests check exact
-    identities)."""
+    """cos and sin (b or 1, 1, t, head_dim/2) of position * base^(-2i/d), in float32 as
+    Hugging Face does (float64 for a float64 model)."""
     dtype = torch.float64 if dtype == torch.float64 else torch.float32
     i = torch.arange(0, head_dim, 2, device=positions.device, dtype=dtype)
     inv_freq = 1.0 / base ** (i / head_dim)
@@ -121,8 +47,8 @@ def rotary(positions, head_dim, base, dtype):
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate pairs (x1[i], x2[i]) of the two halves of each head by the position's angles.
-    The dot product of a rotated query at p and a rotated key at p' depends on p - p' only."""
+    """Rotate each head's pairs (x1[i], x2[i]) by the position's angles: the dot product of a
+    query at p and a key at p' then depends on p - p' only."""
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -134,7 +60,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x):  # normalise in float32, cast back, then scale (as Qwen2 and Llama do)
+    def forward(self, x):  # in float32, cast back, then scale (as Qwen2 and Llama do)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -157,7 +83,7 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # keys are cached rotated
         if cache is not None:
             k, v = cache.update(index, k, v)
-        # grouped-query attention: query head h reads key/value head h // (n_head / n_kv_head)
+        # grouped-query: query head h reads key/value head h // (n_head / n_kv_head)
         gqa, repeat = self.n_kv_head != self.n_head, self.n_head // self.n_kv_head
         causal = attn_mask is None and cache is None  # else a mask, or one query reading all keys
         if attn_mask is not None and gqa:  # the memory-efficient kernel: a mask, not enable_gqa
@@ -168,8 +94,6 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
-
     def __init__(self, c):
         super().__init__()
         self.gate = nn.Linear(c.n_embd, c.intermediate_size, bias=False)
@@ -215,11 +139,9 @@ class GPT(nn.Module):
         return KVCache(self.config, batch_size, max_len, p.dtype, p.device)
 
     def hidden(self, idx, positions=None, attn_mask=None, cache=None):
-        """The final-normed hidden states (b, t, n_embd) of token ids idx (b, t); lm_head: logits.
-        positions: (t,) or (b, t); default 0..t-1, or each row's cache length onwards (only
-            differences matter).
-        attn_mask: bool (t, t) or (b, t, t), True = may attend; default causal; never with a cache.
-        cache: a KVCache; this forward appends its keys and values (causal over the cache)."""
+        """Final-normed hidden states (b, t, n_embd) of ids (b, t). positions (t,) or (b, t):
+        default 0..t-1, or each row's cache length on. attn_mask: bool (t, t) or (b, t, t), True =
+        may attend; default causal. cache: a KVCache to append to (causal over it)."""
         t = idx.shape[1]
         if positions is None:
             start = [0] if cache is None else cache.lengths
@@ -227,7 +149,7 @@ class GPT(nn.Module):
                 raise ValueError(f"sequence longer than the model's context "
                                  f"({self.config.max_seq_len})")
             positions = torch.arange(t, device=idx.device)
-            if cache is not None:  # each row's cache length onwards
+            if cache is not None:
                 positions = torch.tensor(start, device=idx.device)[:, None] + positions
         if cache is not None:
             assert attn_mask is None, "a cached forward is causal over the cache"
@@ -241,10 +163,8 @@ class GPT(nn.Module):
         return self.norm_f(x)
 
     def forward(self, idx, targets=None, positions=None, attn_mask=None, cache=None):
-        """The logits (b, t, vocab) of token ids idx (b, t) (the other arguments as in hidden);
-        or, given targets (b, t) (ids, -1 = none), the cross-entropy (b, t) in float32, 0 where
-        there is none, with logits only where there is a target (a large vocabulary's would not
-        fit)."""
+        """The logits (b, t, vocab); or, given targets (b, t) (-1 = none), the cross-entropy
+        (b, t) in float32, 0 where there is none, with logits only where there is a target."""
         x = self.hidden(idx, positions, attn_mask, cache)
         if targets is None:
             return self.lm_head(x)
@@ -253,3 +173,55 @@ class GPT(nn.Module):
         logits = self.lm_head(x[where]).float()
         ce[where] = F.cross_entropy(logits, targets[where], reduction="none")
         return ce
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated, with a length per batch row. A forward
+    appends at slots lengths[b]..; `rollback` keeps what the caller wants (MARS drops its
+    masks' entries after every step); slots past a row's length are never read."""
+
+    def __init__(self, config, batch_size, max_len, dtype, device):
+        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = [0] * batch_size  # host-side: bookkeeping never waits for the device
+        self.max_len = max_len
+
+    def rollback(self, lengths):
+        self.lengths = list(lengths)
+
+    def keep_rows(self, rows):
+        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        self.lengths = [self.lengths[i] for i in rows]
+
+    def append(self, positions):
+        """A forward of t tokens (positions (t,) or (b, t)) begins: note where its keys go and
+        return its mask (None: all keys); query i of row b, at slot lengths[b] + i, attends the
+        slots up to its own."""
+        t, device = positions.shape[-1], positions.device
+        lo, hi = min(self.lengths), max(self.lengths)
+        if hi + t > self.max_len:
+            raise ValueError(f"KV cache overflow: {hi + t} > {self.max_len} slots")
+        self.n_keys = hi + t
+        if lo == hi:  # every row at the same length: a plain slice
+            self.where = slice(lo, lo + t)
+            visible = torch.ones(t, hi + t, dtype=torch.bool, device=device).tril(lo)
+            visible = None if t == 1 else visible
+        else:
+            first = torch.tensor(self.lengths, device=device)[:, None]
+            slots = first + torch.arange(t, device=device)  # (b, t)
+            self.where = (torch.arange(len(self.lengths), device=device)[:, None], slots)
+            visible = (torch.arange(hi + t, device=device) <= slots[..., None])[:, None]
+        self.lengths = [n + t for n in self.lengths]
+        return visible
+
+    def update(self, layer, k, v):
+        """Write this layer's new keys and values; return all those to attend."""
+        if isinstance(self.where, slice):
+            self.k[layer, :, :, self.where] = k
+            self.v[layer, :, :, self.where] = v
+        else:  # ragged rows: advanced indexing puts (b, t) first, then heads
+            rows, slots = self.where
+            self.k[layer][rows, :, slots] = k.transpose(1, 2)
+            self.v[layer][rows, :, slots] = v.transpose(1, 2)
+        return self.k[layer, :, :, :self.n_keys], self.v[layer, :, :, :self.n_keys]

@@ -1,11 +1,14 @@
 """Beyond the paper: the tools around the method, one room per concern, each run as
-python -m extras.<room>.<tool>. They import the root; the root reaches them only through its seams,
-one function each that imports lazily (docs/architecture.md), and no two rooms import each other in a
-circle.
+python -m extras.<room>.<tool>. They build on the root: they call its functions, subclass its
+Stage and hand it their own readers and checkers; the root imports nothing from here
+(docs/architecture.md), and no two rooms import each other in a circle.
 
-    engine/       the batched engine, its static cache and CUDA graphs, the step-cost model
-    checkpoints/  Hugging Face directories and GGUF files in and out, the hf preset and schedule
+    engine/       the batched engine and its command (python -m extras.engine), its static cache
+                  and CUDA graphs, the step-cost model
+    checkpoints/  Hugging Face directories and GGUF files in and out (into the root's objects)
     serving/      the continuous-batching scheduler, the HTTP server, the load experiment
-    bench/        the paper's tables in miniature, statistics, benchmarks, the precision probe
-    real/         the real-model run: self-distillation, its evaluation, snapshots, options beyond the paper
+    bench/        the paper's tables in miniature, statistics, benchmarks, the precision measurement,
+                  the searches behind the presets
+    real/         training beyond the paper (python -m extras.real.train: real models, ablations),
+                  self-distillation, its evaluation, snapshots
 """

@@ -93,7 +93,8 @@ def tiny_run(tmp_path_factory):
     return out
 
 
-SCRIPTS = ("train.py", "sample.py", "extras/bench/eval.py", "extras/serving/serve.py", "extras/checkpoints/export.py")
+SCRIPTS = ("train.py", "sample.py", "extras/engine/__main__.py", "extras/real/train.py", "extras/bench/eval.py",
+           "extras/serving/serve.py", "extras/checkpoints/export.py")
 
 
 def run_cli(args, stdin=None, timeout=300, env=None, cwd=ROOT, fresh=False):

@@ -1,16 +1,18 @@
-"""The core imports only what it needs: every root module loads, and the toy tokenizer trains,
-renders prompts and round-trips through a checkpoint's state, with jinja2, safetensors and
-transformers unimportable (they serve the Hugging Face path in extras/ alone); rustbpe loads only
-when a tokenizer is trained. Run in a fresh interpreter, so nothing imported by other tests counts."""
+"""Which modules a command loads, each run in a fresh interpreter so that nothing imported by
+other tests counts. The method (model, mars, data, tokenizer, common, sample, train) imports and
+runs with jinja2, safetensors, gguf and transformers unimportable: they serve the Hugging Face path
+in extras/ alone. `python sample.py` and `python train.py` import nothing from extras/; rustbpe
+loads only when a tokenizer is trained. extras' own commands may import what they need."""
 import os
 import subprocess
 import sys
 
 from conftest import ONE_THREAD, ROOT
 
-BLOCKED = ("jinja2", "safetensors", "transformers")
-SCRIPT = """
-import importlib, sys
+SPINE = {"model", "mars", "train", "sample", "data", "tokenizer", "common"}
+BLOCKED = ("jinja2", "safetensors", "gguf", "transformers")
+BLOCK = """
+import sys
 
 class Blocked:
     def find_spec(self, name, path=None, target=None):
@@ -23,70 +25,72 @@ try:
     sys.exit("the blocker let jinja2 through")
 except ImportError:
     pass
+"""
+METHOD = """
+import importlib
 for name in ROOT_MODULES:
     importlib.import_module(name)
-assert "rustbpe" not in sys.modules and "matplotlib" not in sys.modules, "imported before it was needed"
+assert "rustbpe" not in sys.modules and "matplotlib" not in sys.modules, "imported before needed"
 import data, tokenizer
 splits = data.build_instruction_set(0, n_train=300, n_val=20, n_test=20)
-tok = tokenizer.Tokenizer.train((e["prompt"] + "\\n" + e["response"] for e in splits["train"]), 300)
+texts = (e["prompt"] + "\\n" + e["response"] for e in splits["train"])
+tok = tokenizer.Tokenizer.train(texts, 300)
 assert "rustbpe" in sys.modules
 ids = tok.prompt_ids("What is 2 + 3?")
 assert ids[:2] == [tok.eot, tok.user] and ids[-1] == tok.assistant
 again = tokenizer.Tokenizer.from_state(tok.state())
-assert again.prompt_ids("What is 2 + 3?") == ids and again.example_ids("Hi", "Yo") == tok.example_ids("Hi", "Yo")
+assert again.prompt_ids("What is 2 + 3?") == ids
+assert again.example_ids("Hi", "Yo") == tok.example_ids("Hi", "Yo")
 assert not {m.split(".")[0] for m in sys.modules} & set(BLOCKED)
-print("imported", len(ROOT_MODULES), "root modules")
+print(sorted(m for m in sys.modules if m == "extras" or m.startswith("extras.")))
 """
-
-
-def test_root_modules_import_without_the_hugging_face_stack():
-    names = sorted(p.stem for p in ROOT.glob("*.py"))
-    assert SPINE <= set(names)
-    code = f"BLOCKED = {BLOCKED!r}\nROOT_MODULES = {names!r}\n" + SCRIPT
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **ONE_THREAD})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == f"imported {len(names)} root modules"
-
-
-SPINE = {"model", "mars", "train", "sample", "data", "tokenizer", "common"}
-PROBE = {"extras/__init__", "extras/bench/__init__", "extras/bench/precision"}  # train.measured_precision
-LOADED = """
-import os, runpy, sys
+COMMAND = """
+import os, runpy
 sys.argv = ARGV
 try:
     runpy.run_path(ARGV[0], run_name="__main__")
 except SystemExit as e:
     assert not e.code, e.code
 files = {getattr(mod, "__file__", None) or "" for mod in list(sys.modules.values())}
-print(sorted(os.path.relpath(f, ROOT)[:-3] for f in files if f.startswith(ROOT + os.sep)))  # train.py -> train
+ours = [os.path.relpath(f, ROOT)[:-3] for f in files if f.startswith(ROOT + os.sep)]  # train
+extras = [m for m in sys.modules if m == "extras" or m.startswith("extras.")]
+print(sorted(set(ours + extras)))
 """
 
 
-def project_modules(argv, cwd):
-    """The project's modules a command has imported when it ends, run in a fresh interpreter."""
-    code = f"ARGV = {[str(a) for a in argv]!r}\nROOT = {str(ROOT)!r}\n" + LOADED
-    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)})
+def run(code, cwd=ROOT):
+    """What code prints last, run in a fresh interpreter with the Hugging Face stack blocked."""
+    code = f"BLOCKED = {BLOCKED!r}\n" + BLOCK + code
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return set(eval(proc.stdout.strip().splitlines()[-1]))
+    return eval(proc.stdout.strip().splitlines()[-1])
 
 
-def test_the_papers_path_imports_the_spine_alone(tiny_run, tmp_path):
-    """python train.py and python sample.py run on the method's files; the engine comes in only for a flag that
-    needs it, cost.py only for --masks auto, and the precision probe (extras/bench/precision.py) only for
-    --precision auto, through train.measured_precision: the default cpu preset's precision is auto, so a
-    plain `python train.py` on a CPU reaches extras/ there and nowhere else."""
-    train, sample, mars_pt = ROOT / "train.py", ROOT / "sample.py", tiny_run / "mars.pt"
-    ran = project_modules([train, "--preset", "tiny", "--ar_iters", "2", "--mars_iters", "2", "--n_train", "300",
-                           "--summary_limit", "4", "--out_dir", tmp_path, "--device", "cpu"], tmp_path)
-    assert ran == SPINE
-    assert project_modules([sample, "--ckpt", mars_pt, "--num_prompts", "2"], tmp_path) == SPINE - {"train"}
-    batched = project_modules([sample, "--ckpt", mars_pt, "--num_prompts", "2", "--batch_size", "2"], tmp_path)
-    engine = {"extras/__init__", "extras/engine/__init__", "extras/engine/engine", "extras/engine/static_cache"}
-    assert batched == SPINE - {"train"} | engine
-    auto = project_modules([sample, "--ckpt", mars_pt, "--num_prompts", "2", "--masks", "auto"], tmp_path)
-    assert auto == SPINE - {"train"} | engine | {"extras/engine/cost"}
-    probed = project_modules([train, "--preset", "tiny", "--stage", "ar", "--ar_iters", "1", "--n_train", "300",
-                              "--summary_limit", "2", "--precision", "auto", "--out_dir", tmp_path / "p"], tmp_path)
-    assert probed == SPINE | PROBE
+def test_the_method_imports_without_the_hugging_face_stack_and_without_extras():
+    names = sorted(p.stem for p in ROOT.glob("*.py"))
+    assert set(names) == SPINE
+    assert run(f"ROOT_MODULES = {names!r}\n" + METHOD) == []
+
+
+def loaded(cwd, *argv):
+    """The project's modules (by file: train, extras/engine/engine) and the extras modules a
+    command run in cwd has imported when it ends."""
+    return set(run(f"ARGV = {[str(a) for a in argv]!r}\nROOT = {str(ROOT)!r}\n" + COMMAND, cwd))
+
+
+def test_the_papers_commands_import_nothing_from_extras(tiny_run, tmp_path):
+    """train.py's --help, the tiny preset and the precision rule (--precision auto), and
+    sample.py on a toy checkpoint run on the root's modules alone."""
+    train, sample = ROOT / "train.py", ROOT / "sample.py"
+    assert loaded(tmp_path, train, "--help") <= SPINE
+    small = ["--preset", "tiny", "--n_train", "300", "--summary_limit", "2", "--device", "cpu"]
+    ran = loaded(tmp_path, train, *small, "--ar_iters", "2", "--mars_iters", "2",
+                 "--out_dir", tmp_path / "t")
+    assert ran <= SPINE and {"mars", "model"} <= ran and list((tmp_path / "t").glob("*.pt"))
+    rule = loaded(tmp_path, train, *small, "--stage", "ar", "--ar_iters", "1",
+                  "--precision", "auto", "--out_dir", tmp_path / "p")
+    assert rule <= SPINE
+    decoded = loaded(tmp_path, sample, "--ckpt", tiny_run / "mars.pt", "--num_prompts", "2")
+    assert "mars" in decoded and decoded <= SPINE - {"train"}

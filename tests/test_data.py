@@ -1,12 +1,16 @@
-"""data.py and tokenizer.py: the instruction set, its checkers, the toy tokenizer, batching, JSONL loading."""
+"""data.py and tokenizer.py: the instruction set, its checkers, the toy tokenizer, batching, JSONL loading;
+and what common.py refuses to load as a checkpoint of ours."""
 import json
+import re
 
 import pytest
 import torch
 
+import common
 import data
 import tokenizer
 from conftest import assert_one_line_error, run_cli
+from extras.real import records
 
 
 # ---------------------------------------------------------------------------
@@ -226,23 +230,59 @@ def test_tokenize_measures_the_length_after_the_mars_padding(tok):
 # Users' JSONL data
 
 def test_load_jsonl_both_formats(tmp_path):
+    """The toy's reader takes {prompt, response}; extras' reader (records.read_record), handed to
+    data's functions, takes conversations too, and names what the toy's reader refuses."""
     path = tmp_path / "d.jsonl"
-    records = []
+    lines = []
     for i in range(60):
         if i % 2:
-            records.append({"prompt": f"question {i}?", "response": f"answer {i}"})
+            lines.append({"prompt": f"question {i}?", "response": f"answer {i}"})
         else:
-            records.append({"messages": [{"role": "user", "content": f"question {i}?"},
-                                         {"role": "assistant", "content": f"answer {i}"}]})
-    path.write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
-    s = data.load_jsonl(str(path))
+            lines.append({"messages": [{"role": "user", "content": f"question {i}?"},
+                                       {"role": "assistant", "content": f"answer {i}"}]})
+    path.write_text("\n".join(json.dumps(r) for r in lines) + "\n\n")
+    s = data.load_jsonl(str(path), read=records.read_record)
     loaded = sorted((e["prompt"], e["response"]) for split in s.values() for e in split)
     assert loaded == sorted((f"question {i}?", f"answer {i}") for i in range(60))
     for split, examples in s.items():
         for e in examples:
             assert data.split_of(e["prompt"]) == split
+    for r in lines[1::2]:  # the toy's form reads the same through either reader
+        assert data.read_record(r) == records.read_record(r)
+    with pytest.raises(ValueError, match=re.escape(f"{path}:1: malformed record (expected "
+                                                   '{"prompt": "...", "response": "..."}; python -m '
+                                                   "extras.real.train --data reads")):
+        data.load_jsonl(str(path))
 
 
+def test_records_read_evaluation_forms_and_check_final_numbers(tmp_path):
+    """{prompt, answer} and GSM8K's {question, answer "... #### 72"}: a numeric answer is task
+    "number", scored by records.check by its final number; data.check knows the toy's tasks and
+    "custom" (exact). Such records have no response to train on."""
+    path = tmp_path / "gsm.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"question": "Q1", "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 1,234"},
+        {"prompt": "Q2", "answer": 72},
+        {"prompt": "Q3", "answer": "Paris"},
+        {"prompt": "Q4", "response": "r", "answer": "5"},
+    ]) + "\n")
+    e = data.read_jsonl(str(path), read=records.read_record)
+    assert [x["task"] for x in e] == ["number", "number", "custom", "number"]
+    assert [x["answer"] for x in e] == ["1,234", "72", "Paris", "5"] and "response" not in e[0]
+    assert records.check(e[0], "First 1000 + 234 = 1234. The answer is 1234.")
+    assert not records.check(e[0], "The answer is 1235. Or 1234")
+    assert records.check(e[1], "so she has 72.0") and not records.check(e[1], "no idea")
+    assert records.check(e[2], " Paris ") and not records.check(e[2], "The answer is Paris.")
+    assert not data.check(e[1], "so she has 72.0") and data.check(e[1], " 72 ")  # the root: exact
+    toy = data.build_instruction_set(0, n_train=20, n_val=0, n_test=0)["train"][:5]
+    assert all(records.check(x, x["response"]) and data.check(x, x["response"]) for x in toy)
+    with pytest.raises(ValueError, match=re.escape(f"{path}:1: no response to train on")):
+        data.load_jsonl(str(path), read=records.read_record)
+    with pytest.raises(ValueError, match=re.escape(f"{path}:1: malformed record (expected {{")):
+        data.read_jsonl(str(path))
+
+
+@pytest.mark.parametrize("read", [data.read_record, records.read_record])
 @pytest.mark.parametrize("bad", [
     "{not json",
     '{"prompt": "only a prompt"}',
@@ -251,12 +291,11 @@ def test_load_jsonl_both_formats(tmp_path):
     '{"messages": [{"role": "user", "content": "q"}]}',
     '[1, 2]',
 ])
-def test_load_jsonl_malformed_line_names_file_and_line(tmp_path, bad):
+def test_load_jsonl_malformed_line_names_file_and_line(tmp_path, bad, read):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "c", "response": "d"}\n' + bad + "\n")
-    with pytest.raises(ValueError) as e:
-        data.load_jsonl(str(path))
-    assert f"{path}:3:" in str(e.value)
+    with pytest.raises(ValueError, match=re.escape(f"{path}:3: malformed record (")):
+        data.load_jsonl(str(path), read=read)
 
 
 def test_train_cli_bad_jsonl_is_one_line_error(tmp_path):
@@ -265,3 +304,35 @@ def test_train_cli_bad_jsonl_is_one_line_error(tmp_path):
     proc = run_cli(["train.py", "--data", path, "--preset", "tiny", "--out_dir", tmp_path / "out"], timeout=120)
     assert_one_line_error(proc)
     assert "bad.jsonl:2:" in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints: common.py reads our .pt files alone, tensors and plain types alone
+
+
+class Runs:
+    """Pickled as a call of print: loading it without weights_only would run it."""
+
+    def __reduce__(self):
+        return print, ("a pickled object ran",)
+
+
+def test_load_checkpoint_refuses_a_pickled_object(tmp_path, capsys):
+    path = tmp_path / "object.pt"
+    torch.save({"model": Runs(), "model_config": {}, "tokenizer": {}}, path)
+    with pytest.raises(common.UserError, match=re.escape(f"not a readable checkpoint of this project: {path}")) as e:
+        common.load_checkpoint(path)
+    assert "\n" not in str(e.value) and "ran" not in capsys.readouterr().out
+    with pytest.raises(common.UserError, match=re.escape(f"checkpoint not found: {tmp_path / 'x.pt'} "
+                                                         "(train one with: python train.py)")):
+        common.load_checkpoint(tmp_path / "x.pt")
+
+
+def test_a_real_models_tokenizer_is_for_extras(tok):
+    """A state with its own chat template (a real model's) loads through extras/checkpoints, not the toy's class."""
+    state = {**tok.state(), "chat_template": "{{ messages }}"}
+    with pytest.raises(ValueError, match="a real model's tokenizer and chat template: python -m extras.engine"):
+        tokenizer.Tokenizer.from_state(state)
+    ckpt = {"model": {}, "model_config": {}, "tokenizer": state}
+    with pytest.raises(common.UserError, match="a real model's tokenizer and chat template: python -m extras.engine"):
+        common.model_from_checkpoint(ckpt)

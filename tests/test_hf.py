@@ -1,4 +1,4 @@
-"""Hugging Face directories (extras/checkpoints/hf.py, extras/checkpoints/hf_tokenizer.py, sample.py on them) against
+"""Hugging Face directories (extras/checkpoints/hf.py, hf_tokenizer.py and foreign.py, python -m extras.engine on them) against
 transformers and tokenizers, offline: tiny random Qwen2 and Llama models and byte-level BPE
 tokenizers are built here, never downloaded. Every parameter is perturbed first (transformers
 initialises biases to 0 and norms to 1, which would hide a wrong mapping), and the padding rows
@@ -7,6 +7,8 @@ import io
 import json
 import os
 import random
+import re
+import runpy
 import shutil
 import unicodedata
 from dataclasses import asdict
@@ -20,12 +22,10 @@ from safetensors.torch import save_file
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 
 import tokenizer
-from extras.checkpoints import hf, hf_tokenizer
+from extras.checkpoints import foreign, hf, hf_tokenizer
 import common
-import train
 from common import UserError
 from extras.engine import engine
-import sample
 from conftest import assert_one_line_error, run_cli
 from model import GPT, GPTConfig
 
@@ -139,7 +139,8 @@ def dirs(tmp_path_factory):
 
 
 def ours(path):
-    return common.model_from_checkpoint(hf.read_checkpoint(path))
+    _, model, tok = foreign.load(path)
+    return model, tok
 
 
 def reference(path):
@@ -165,8 +166,8 @@ def test_logits_equal_transformers_with_shifted_positions_and_cache(dirs, kind):
         assert (got - want).abs().max() < 1e-4
 
 
-def run_sample(capsys, path, *flags, prompt="Hello café 日本 😀 12345", stdin=None, monkeypatch=None):
-    """sample.main in-process (as `python sample.py --json ...`); the ids of each answer."""
+def run_engine(capsys, monkeypatch, path, *flags, prompt="Hello café 日本 😀 12345", stdin=None):
+    """`python -m extras.engine --json ...` in this process; the ids of each answer."""
     capsys.readouterr()
     args = ["--ckpt", str(path), "--json", "--max_new_tokens", "12", "--device", "cpu", *flags]
     if stdin is None:
@@ -174,7 +175,8 @@ def run_sample(capsys, path, *flags, prompt="Hello café 日本 😀 12345", std
     else:
         monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
         args += ["--chat"]
-    sample.main(args)
+    monkeypatch.setattr("sys.argv", ["extras/engine", *args])
+    runpy.run_module("extras.engine", run_name="__main__")
     return [json.loads(line)["ids"] for line in capsys.readouterr().out.splitlines() if line.strip()]
 
 
@@ -193,26 +195,27 @@ def hf_greedy(path, tok, prompt="Hello café 日本 😀 12345", n=12):
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
-def test_ar_greedy_generation_through_the_chat_template(dirs, kind, capsys):
+def test_ar_greedy_generation_through_the_chat_template(dirs, kind, capsys, monkeypatch):
     _, tok = ours(dirs[kind])
     want = hf_greedy(dirs[kind], tok)
     assert len(want) == 12 and any(t != want[0] for t in want)
-    assert run_sample(capsys, dirs[kind], "--ar") == [want]
+    assert run_engine(capsys, monkeypatch, dirs[kind], "--ar") == [want]
 
 
 def test_mars_release_threshold_lossless_caches_chat(dirs, capsys, monkeypatch):
     ckpt = hf.read_checkpoint(dirs["mars"])
     assert ckpt["mars"] == {"B": 4} and ckpt["hf"]["model_type"] == "a2d-qwen2" and "train_config" not in ckpt
-    _, tok = common.model_from_checkpoint(ckpt)
+    tok = hf_tokenizer.tokenizer_from_state(ckpt["tokenizer"])
     _, plain = ours(dirs["qwen2"])
     assert tok.mask == plain.mask == plain.n_vocab - 1 and tok.decode([tok.mask]) == "<|mask|>"
     want = hf_greedy(dirs["qwen2"], plain)  # the same weights, as transformers' Qwen2
-    assert run_sample(capsys, dirs["mars"], "--ar") == [want]
+    run = lambda *flags, **kw: run_engine(capsys, monkeypatch, dirs["mars"], *flags, **kw)  # noqa: E731
+    assert run("--ar") == [want]
     for flags in [("--threshold", "1.0"), ("--threshold", "1.0", "--cache", "block"), ("--threshold", "1.0", "--cache", "none"),
                   ("--lossless",), ("--lossless", "--cache", "none"), ("--ar", "--cache", "block"), ("--ar", "--cache", "none")]:
-        assert run_sample(capsys, dirs["mars"], *flags) == [want], flags
-    assert run_sample(capsys, dirs["mars"], "--threshold", "1.0", stdin="Hello café 日本 😀 12345\n", monkeypatch=monkeypatch) == [want]
-    got = run_sample(capsys, dirs["mars"], "--threshold", "0.01")[0]  # accepts several per forward: only real tokens
+        assert run(*flags) == [want], flags
+    assert run("--threshold", "1.0", stdin="Hello café 日本 😀 12345\n") == [want]
+    got = run("--threshold", "0.01")[0]  # accepts several per forward: only real tokens
     assert len(got) == 12 and all(t < tok.n_vocab and t != tok.mask for t in got)
 
 
@@ -230,7 +233,8 @@ def test_sampler_never_emits_ids_without_a_token(dirs):
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_tokenizer_ids_equal_tokenizers(dirs, kind):
-    tok = common.tokenizer_from_state(hf.read_checkpoint(dirs[kind])["tokenizer"])  # through a checkpoint's state
+    tok = hf_tokenizer.tokenizer_from_state(hf.read_checkpoint(dirs[kind])["tokenizer"])  # through a checkpoint's state
+    assert isinstance(tok, hf_tokenizer.HFTokenizer)
     ref = tokenizers.Tokenizer.from_file(str(dirs[kind] / "tokenizer.json"))
     strings = some_strings()
     assert len(strings) >= 1000
@@ -240,6 +244,20 @@ def test_tokenizer_ids_equal_tokenizers(dirs, kind):
         assert tok.decode(ids) == (unicodedata.normalize("NFC", s) if kind == "qwen2" else s)
     if kind == "qwen2":
         assert tok.encode("cafe\u0301") == tok.encode("café")  # NFC, as Qwen2's normaliser
+
+
+def test_each_saved_state_loads_through_its_class(dirs):
+    """A toy's tokenizer state, as written now or with the real models' fields it once carried, loads as
+    tokenizer.Tokenizer; a real model's as HFTokenizer; each encodes as the tokenizer that saved it."""
+    toy, texts = tokenizer.Tokenizer.train(CORPUS * 5, 300), some_strings(100)
+    old = {**toy.state(), "ordinary": {}, "normalizer": None, "template_vars": {}}
+    for state in (toy.state(), old):
+        again = hf_tokenizer.tokenizer_from_state(state)
+        assert type(again) is tokenizer.Tokenizer and [again.encode(t) for t in texts] == [toy.encode(t) for t in texts]
+    _, real = ours(dirs["qwen2"])
+    again = hf_tokenizer.tokenizer_from_state(real.state())
+    assert type(again) is hf_tokenizer.HFTokenizer and again.state() == real.state()
+    assert [again.encode(t) for t in texts] == [real.encode(t) for t in texts] and again.eot == real.eot
 
 
 def test_tiktoken_needs_merges_in_rank_order(dirs):
@@ -309,7 +327,7 @@ def toy_checkpoint(qkv_bias, tie, spare_rows=2):
 
 
 def assert_exported_equal(ckpt, out):
-    model, tok = common.model_from_checkpoint(ckpt)
+    model, tok = common.build_model(ckpt), hf_tokenizer.tokenizer_from_state(ckpt["tokenizer"])
     ref = reference(out)
     assert type(ref).__name__ == ("Qwen2ForCausalLM" if model.config.qkv_bias else "LlamaForCausalLM")
     ids = torch.randint(0, tok.n_vocab, (2, 20), generator=torch.Generator().manual_seed(2))
@@ -326,7 +344,7 @@ def assert_exported_equal(ckpt, out):
     back = hf.read_checkpoint(out)  # and the export reads back as it was (a row may have been added for <|pad|>)
     rows = max(model.config.vocab_size, tok.n_vocab + 1)
     assert back.get("mars") == ckpt.get("mars") and back["model_config"] == {**asdict(model.config), "vocab_size": rows}
-    again = common.tokenizer_from_state(back["tokenizer"])
+    again = hf_tokenizer.tokenizer_from_state(back["tokenizer"])
     assert again.prompt_ids(CHATS[2]) == tok.prompt_ids(CHATS[2]) and again.n_vocab == tok.n_vocab
 
 
@@ -387,8 +405,16 @@ def test_command_line_refusals(dirs, tmp_path):
     proc = run_cli(["extras/checkpoints/export.py", bad, tmp_path / "out"])
     assert_one_line_error(proc)
     assert f"error: {bad}: model.safetensors: not a readable safetensors file" in proc.stderr
-    with pytest.raises(UserError, match="give --prompt or --chat"):  # no held-out prompts of its own
-        sample.main(["--ckpt", str(dirs["llama"]), "--ar", "--device", "cpu"])
+    # no held-out prompts of its own
+    proc = run_cli(["extras/engine/__main__.py", "--ckpt", dirs["llama"], "--ar", "--device", "cpu"])
+    assert_one_line_error(proc)
+    assert "give --prompt or --chat" in proc.stderr
+    # the root reads our .pt files alone, and names the command that reads a real model
+    proc = run_cli(["sample.py", "--ckpt", dirs["llama"], "--ar", "--device", "cpu"])
+    assert_one_line_error(proc)
+    assert f"python -m extras.engine --ckpt {dirs['llama']}" in proc.stderr
+    with pytest.raises(UserError, match=re.escape(f"{dirs['llama']} is a real model, not a checkpoint of ours")):
+        common.load_checkpoint(dirs["llama"])
 
 
 def damage(path, file, change):
@@ -450,10 +476,20 @@ def test_damaged_directory_is_one_line_naming_the_file(dirs, tmp_path, case):
     bad = tmp_path / "MARS-blk4" if kind == "mars" else tmp_path / "bad"
     shutil.copytree(dirs[kind], bad)
     damage(bad, file, change)
-    proc = run_cli(["sample.py", "--ckpt", bad, "--threshold", "0.9", "--prompt", "hi", "--device", "cpu"])
+    with pytest.raises(UserError, match=f"^{re.escape(str(bad))}: .*{re.escape(words)}") as e:
+        foreign.load(bad)
+    assert "\n" not in str(e.value) and "retrain" not in str(e.value) and "AR checkpoint" not in str(e.value)
+
+
+def test_damaged_directory_through_the_engine_command_is_one_line(dirs, tmp_path):
+    kind, file, change, words = DAMAGED["shape"]
+    bad = tmp_path / "bad"
+    shutil.copytree(dirs[kind], bad)
+    damage(bad, file, change)
+    proc = run_cli(["extras/engine/__main__.py", "--ckpt", bad, "--threshold", "0.9", "--prompt", "hi",
+                    "--device", "cpu"])
     assert_one_line_error(proc)
-    assert f"error: {bad}: " in proc.stderr and words in proc.stderr
-    assert "retrain" not in proc.stderr and "AR checkpoint" not in proc.stderr
+    assert f"error: {bad}: {words}" in proc.stderr
 
 
 def test_a_template_that_runs_away_on_some_conversations_fails_those_alone(dirs):
@@ -474,8 +510,7 @@ def test_a_template_that_runs_away_on_some_conversations_fails_those_alone(dirs)
 def test_real_checkpoint():
     """E.g. MARS_HF_CKPT=~/models/MARS-Qwen2.5-0.5B-blk4: logits, tokenizer, template and greedy ids as transformers'."""
     path = os.environ["MARS_HF_CKPT"]
-    ckpt = hf.read_checkpoint(path)
-    model, tok = common.model_from_checkpoint(ckpt)
+    ckpt, model, tok = foreign.load(path)
     ref = transformers.Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32) if ckpt["hf"]["model_type"] == \
         "a2d-qwen2" else reference(path)
     hftok = transformers.AutoTokenizer.from_pretrained(path)

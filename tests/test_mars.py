@@ -16,9 +16,9 @@ def m():
     return random_model(seed=5)
 
 
-def reference_mask(T, B, offset=0):
+def reference_mask(T, B):
     """The four rules of the paper's section "Training" (mars.mars_attention_mask), one element at a
-    time (blocks shifted by offset)."""
+    time."""
     M = [[False] * (2 * T) for _ in range(2 * T)]
     for i in range(2 * T):
         for j in range(2 * T):
@@ -27,9 +27,9 @@ def reference_mask(T, B, offset=0):
             if qi == "clean" and kj == "clean":
                 M[i][j] = pj <= pi
             elif qi == "noisy" and kj == "noisy":
-                M[i][j] = (pj + offset) // B == (pi + offset) // B and pj <= pi
+                M[i][j] = pj // B == pi // B and pj <= pi
             elif qi == "noisy" and kj == "clean":
-                M[i][j] = (pj + offset) // B < (pi + offset) // B
+                M[i][j] = pj // B < pi // B
             else:
                 M[i][j] = False
     return torch.tensor(M)
@@ -42,17 +42,6 @@ def test_attention_mask_matches_the_four_rules(T, B):
     assert torch.equal(mask, reference_mask(T, B))
     assert mask.any(dim=1).all()  # every query sees something: SDPA gives no NaN
     assert mask.diagonal().all()
-
-
-@pytest.mark.parametrize("T,B,offset", [(8, 4, 1), (10, 4, 3), (7, 3, 2), (9, 2, 1)])
-def test_attention_mask_with_shifted_blocks(T, B, offset):
-    """Training shifts the block boundaries at random: the rules hold with block(p) = (p + offset) // B."""
-    mask = mars.mars_attention_mask(T, B, offset)
-    assert torch.equal(mask, reference_mask(T, B, offset))
-    assert not torch.equal(mask, mars.mars_attention_mask(T, B))
-    assert mask.any(dim=1).all()
-    # the first block is shortened to B - offset positions: noisy position B - offset starts block 1
-    assert mask[B - offset, T:T + B - offset].all() and not mask[B - offset - 1, T:].any()
 
 
 def test_attention_mask_block_one_noisy_sees_all_earlier_clean():
@@ -185,8 +174,7 @@ def test_mars_loss_matches_an_independent_computation(padded_batch, B):
 @pytest.mark.parametrize("B", [4, 3, 1])
 def test_leaving_out_idle_noisy_positions_changes_no_loss(padded_batch, monkeypatch, B):
     """mars_loss drops the noisy positions before the block of the batch's first target (a saving): with
-    the noisy stream in full the three losses are the same, whatever the blocks (with a block offset and
-    weights: tests/test_options.py)."""
+    the noisy stream in full the three losses are the same, whatever the blocks."""
     (x, y), tok = padded_batch
     m = tok_model(tok, seed=B)
     skip = mars.idle_noisy_positions(y, B)
@@ -200,13 +188,13 @@ def test_leaving_out_idle_noisy_positions_changes_no_loss(padded_batch, monkeypa
 
 
 def test_idle_noisy_positions_starts_at_zero_when_the_grid_does():
-    """A target inside the first block, or one shifted before position 0 by the offset, leaves nothing out."""
+    """A target inside the first block leaves nothing out; one in block k leaves out k blocks."""
     y = torch.full((2, 12), -1)
     y[0, 6:] = 1
     y[1, 2:] = 1
     assert mars.idle_noisy_positions(y, 4) == 0
-    assert mars.idle_noisy_positions(y[:1], 4) == 4 and mars.idle_noisy_positions(y[:1], 4, offset=1) == 3
-    assert mars.idle_noisy_positions(y[:1], 8, offset=1) == 0  # block 0 is positions 0..6
+    assert mars.idle_noisy_positions(y[:1], 4) == 4 and mars.idle_noisy_positions(y[:1], 8) == 0
+    assert mars.idle_noisy_positions(y[:1], 3) == 6 and mars.idle_noisy_positions(y[:1], 5) == 5
 
 
 def test_ar_loss_counts_response_tokens_only(padded_batch):

@@ -1,12 +1,10 @@
 """model.py: the KV cache against uncached forwards, rollback, targets, positions, tying, grouped-query
-attention; the chunked cross-entropy (extras/real/chunked_ce.py) against the whole one."""
+attention."""
 import pytest
 import torch
 
-import mars
 import model
 from conftest import V, random_model, tiny_config
-from extras.real import chunked_ce
 
 ATOL = 1e-10
 
@@ -103,7 +101,7 @@ def test_rollback_forgets_tokens(m):
 def test_cache_overflow_raises(m):
     cache = m.new_cache(1, max_len=8)
     m(seqs(1, 6), cache=cache)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"KV cache overflow: 9 > 8 slots"):
         m(seqs(1, 3), cache=cache)
 
 
@@ -191,36 +189,3 @@ def test_explicit_causal_mask_equals_default(m):
     causal = torch.ones(16, 16, dtype=torch.bool).tril()
     torch.testing.assert_close(m(x, attn_mask=causal), m(x), atol=ATOL, rtol=0)
     torch.testing.assert_close(m(x, attn_mask=causal.expand(2, 16, 16)), m(x), atol=ATOL, rtol=0)
-
-
-@pytest.mark.parametrize("soft", [False, True])
-def test_chunked_cross_entropy_is_the_whole_ones_loss_and_gradients(monkeypatch, soft):
-    """Past CE_CHUNK logit elements extras/real/chunked_ce.py takes the loss's rows a chunk at a time (a real
-    vocabulary's logits on many rows would not fit): the same cross-entropy and the same gradients as all rows at
-    once, for token and for distribution targets; and the chunks really ran (with checkpoint: their logits
-    recomputed in the backward). Its token_ce is mars.token_ce for token targets."""
-    torch.manual_seed(0)
-    m = model.GPT(tiny_config())
-    x = torch.randint(V, (3, 20))
-    targets = torch.randint(V, (3, 20))
-    targets[torch.rand(3, 20) >= 0.7] = -1
-    n = int((targets != -1).sum())
-    soft_targets = torch.randn(n, V).softmax(-1) if soft else None
-
-    def loss_and_grads():
-        m.zero_grad(set_to_none=True)
-        ce = chunked_ce.token_ce(m, x, targets, soft=soft_targets)
-        ce.sum().backward()
-        return ce.detach(), [p.grad.clone() for p in m.parameters()]
-    whole, whole_grads = loss_and_grads()
-    if not soft:
-        torch.testing.assert_close(whole, mars.token_ce(m, x, targets).detach(), rtol=0, atol=0)
-    calls = []
-    monkeypatch.setattr(chunked_ce, "CE_CHUNK", 7 * V)  # 7 rows a chunk
-    monkeypatch.setattr(chunked_ce, "checkpoint", lambda f, *a, **k: calls.append(1) or
-                        torch.utils.checkpoint.checkpoint(f, *a, **k))
-    chunked, chunked_grads = loss_and_grads()
-    assert len(calls) == -(-n // 7) > 1
-    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-6)
-    for a, b in zip(chunked_grads, whole_grads):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

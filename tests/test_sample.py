@@ -181,7 +181,7 @@ def test_decode_step_ragged_rows_join_and_leave(m):
             assert not c[n:].any()  # nothing beyond the row's own reads
         kv.rollback([r.cached for r in rows])
 
-    kv = m.new_cache(2, 64)
+    kv = engine.JoinKVCache(m.config, 2, 64, torch.float64, "cpu")  # the engine's: rows join
     rows = [engine.Request([], ids=list(PROMPTS[1]), n_masks=3), engine.Request([], ids=list(PROMPTS[2]))]
     check(rows, kv)
     rows[0].cached, rows[1].cached = 5, len(PROMPTS[2])
@@ -280,7 +280,7 @@ def test_context_limit(m):
         assert len(long) + len(g.tokens) == 64 or g.tokens[-1] == EOT  # stops at the model's context
         assert len(long) + len(g.tokens) <= 64
     assert gen(m, [long], B=4, lossless=True, max_new_tokens=N)[0].tokens == ar
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a 64-token prompt fills the 64-token context"):
         gen(m, [random_prompts((64,))[0]])
 
 
@@ -349,9 +349,9 @@ def test_official_tokens_per_forward_counter(m):
 
 
 def test_bad_arguments(m):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cache: one of"):
         gen(m, cache="nope")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="lossless decoding is greedy, with cache none or sliding"):
         gen(m, B=4, lossless=True, cache="block")
 
 
@@ -495,8 +495,9 @@ def test_trained_checkpoint_block_cache_is_the_official_algorithm(trained, split
 
 
 def test_trained_checkpoint_lossless_equals_ar_in_float32(tiny_run, splits):
-    """As eval.py and sample.py run it (float32, batched): lossless decoding reproduces `sample.py --ar`
-    (B = 1, one prompt at a time) token for token, while committing several tokens per forward."""
+    """As extras.bench.eval and python -m extras.engine run it (float32, batched): lossless decoding
+    reproduces --ar (B = 1, one prompt at a time) token for token, while committing several tokens per
+    forward."""
     model, tok = common.model_from_checkpoint(common.load_checkpoint(str(tiny_run / "mars.pt")))
     model.eval()
     assert model.wte.weight.dtype == torch.float32

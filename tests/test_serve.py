@@ -157,15 +157,29 @@ def test_cli_masks_auto_sizes_windows_by_the_clocks_cost_model(tiny_run, tmp_pat
         assert by[("tau=0.9", phase)]["tokens_per_forward"] >= 1
 
 
-@pytest.mark.parametrize("args", [["--max_batch", "0"], ["--ladder", "1.0", "1.2"], ["--ladder", "0.9", "0.95"],
-                                  ["--ladder", "1.0"], ["--clock", "sundial"], ["--requests", "many"], ["--sweep", "0"],
-                                  ["--slo", "-1"], ["--ckpt", "missing.pt"], ["--masks", "some"]])
-def test_bad_flags_one_line_error(args):
-    assert_one_line_error(run_cli(["extras/serving/serve.py", *args]))
+BAD_FLAGS = [(["--max_batch", "0"], "--max_batch must be at least 1"),
+             (["--ladder", "1.0", "1.2"], "argument --ladder: must be in (0, 1]"),
+             (["--ladder", "0.9", "0.95"], "--ladder needs at least two taus, strictly decreasing"),
+             (["--ladder", "1.0"], "--ladder needs at least two taus"),
+             (["--clock", "sundial"], "argument --clock: invalid choice: 'sundial'"),
+             (["--requests", "many"], "argument --requests: invalid int value: 'many'"),
+             (["--sweep", "0"], "--sweep rates and --slo must be positive"),
+             (["--slo", "-1"], "--sweep rates and --slo must be positive"),
+             (["--ckpt", "missing.pt"], "checkpoint not found: missing.pt"),
+             (["--masks", "some"], "argument --masks: invalid choice: 'some'")]
+
+
+@pytest.mark.parametrize("args,says", BAD_FLAGS)
+def test_bad_flags_one_line_error(args, says):
+    proc = run_cli(["extras/serving/serve.py", *args])
+    assert_one_line_error(proc)
+    assert proc.stderr.startswith(f"error: {says}"), proc.stderr
 
 
 def test_rejects_an_ar_checkpoint(tiny_run, tmp_path):
-    assert_one_line_error(run_cli(["extras/serving/serve.py", "--ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path]))
+    proc = run_cli(["extras/serving/serve.py", "--ckpt", tiny_run / "ar.pt", "--out_dir", tmp_path])
+    assert_one_line_error(proc)
+    assert f"{tiny_run / 'ar.pt'} is a stage-1 (AR) checkpoint: serve needs a MARS checkpoint" in proc.stderr
 
 
 def test_cache_is_copied_only_when_rows_change():

@@ -448,11 +448,14 @@ def test_signal_stops_the_server_under_load(tiny_run, loaded, prompts, sig):
 
 
 def test_limits_in_help_and_a_bad_port_in_one_line(loaded, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         serve.get_args(["--help"])
+    assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert f"over {server.MAX_BODY >> 20} MiB gets 413" in text and f"up to {server.BACKLOG} connections" in text
-    assert_one_line_error(run_cli(["extras/serving/serve.py", "--http", "--port", "99999"]))
+    proc = run_cli(["extras/serving/serve.py", "--http", "--port", "99999"])
+    assert_one_line_error(proc)
+    assert "--port must be in 0..65535, got 99999" in proc.stderr
     taken = socket.create_server(("127.0.0.1", 0))
     with pytest.raises(common.UserError, match="cannot listen on 127.0.0.1"):
         start(*loaded, "--port", str(taken.getsockname()[1]))  # --port comes last: it wins

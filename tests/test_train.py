@@ -1,6 +1,7 @@
 """train.py end to end: the two stages, checkpoints, logs, Ctrl-C and --resume, the
-non-finite guard, and data-parallel training with torchrun (conftest.run_cli; real
-processes where a process matters: Ctrl-C, torchrun, --compile)."""
+non-finite guard, data-parallel training with torchrun, the command line made from the
+presets, its one-line errors, the precision rule, Muon and the wsd schedule (conftest.run_cli;
+real processes where a process matters: Ctrl-C, torchrun, --compile)."""
 import json
 import os
 import platform
@@ -48,14 +49,14 @@ def test_tiny_run_all_stages(tiny_run):
         assert [r["iter"] for r in log] == list(range(1, ckpt["iter"] + 1))
         assert (tiny_run / f"{stage}_loss.png").stat().st_size > 1000
         assert log[-1]["stage_seconds"] >= log[-1]["elapsed_s"] > 0  # the stage's wall time: setup and validation too
-        # the tiny preset pins float32, so its losses are the same on every machine (no probe)
+        # the tiny preset pins float32, so its losses are the same on every machine
         assert log[-1]["precision"] == ckpt["train_config"]["precision_why"] == {"dtype": "float32",
                                                                                  "reason": "the tiny preset's"}
-    assert load(tiny_run / "mars.pt")["mars"]["B"] == 4
-    # one config, resolved once: both stages save the command line's, which the tiny preset leaves nothing to derive
+    assert load(tiny_run / "mars.pt")["mars"] == {"B": 4, "ar_weight": 1.0}
+    # one config, resolved once: both stages save the command line's
     argv = ["--preset", "tiny", "--out_dir", str(tiny_run), "--stage", "all", "--device", "cpu"]
     assert load(tiny_run / "ar.pt")["train_config"] == load(tiny_run / "mars.pt")["train_config"] \
-        == vars(train.get_args(argv))
+        == vars(train.get_config(argv))
     summary = json.loads((tiny_run / "summary.json").read_text())
     assert [r["threshold"] for r in summary] == [None, 1.0, 0.9]
     # MARS at tau = 1.0 is one token per forward
@@ -78,9 +79,10 @@ def test_each_stage_logs_its_validation_accuracy(tiny_run):
 
 
 # The tiny preset's losses with seed 0: steps 1 to 20, the last step and the last validation loss, as
-# `python train.py --preset tiny` trained them (and, from its ar.pt, --stage control and --stage mars --no_sft
-# --block_offset random). What the loop trains must not change with how it is written; the tolerance
-# leaves room for other CPU kernels (AVX2, AVX-512) and thread counts.
+# `python train.py --preset tiny` trained them (and, from its ar.pt, --stage control, and the ablation
+# `python -m extras.real.train --stage mars --no_sft --block_offset random`, which runs this loop with its
+# Stage). What the loop trains must not change with how it is written; the tolerance leaves room for
+# other CPU kernels (AVX2, AVX-512) and thread counts.
 RECORDED = {
     "ar": [6.243201, 6.162933, 5.939023, 5.993511, 5.814417, 5.741972, 5.52785, 5.403128, 5.325809, 5.048731,
            5.217499, 4.775753, 4.684491, 4.88992, 4.8042, 4.774744, 4.581063, 4.288896, 4.637951, 4.252309,
@@ -107,9 +109,10 @@ def test_tiny_preset_trains_the_recorded_losses(tiny_run, tmp_path):
     random block offsets (their per-step random draws), each against the numbers recorded above."""
     for stage in ("ar", "mars"):
         assert recorded_part(tiny_run / f"{stage}_log.json") == pytest.approx(RECORDED[stage], rel=1e-4), stage
-    for key, stage, flags in (("control", "control", []), ("no_sft", "mars", ["--no_sft", "--block_offset", "random"])):
+    for key, stage, cmd in (("control", "control", ["train.py"]),
+                            ("no_sft", "mars", ["extras/real/train.py", "--no_sft", "--block_offset", "random"])):
         d = tmp_path / key
-        proc = run_cli(["train.py", "--preset", "tiny", "--stage", stage, *flags, "--init_from", tiny_run / "ar.pt",
+        proc = run_cli([*cmd, "--preset", "tiny", "--stage", stage, "--init_from", tiny_run / "ar.pt",
                         "--summary_limit", "0", "--device", "cpu", "--out_dir", d])
         assert proc.returncode == 0, proc.stderr
         assert recorded_part(d / f"{stage}_log.json") == pytest.approx(RECORDED[key], rel=1e-4), key
@@ -128,8 +131,7 @@ def test_stage_ar_then_mars(tmp_path):
                     "--ar_weight", "0.5", "--out_dir", d])
     assert proc.returncode == 0, proc.stderr
     ckpt = assert_checkpoint(d / "mars.pt", "mars")
-    assert ckpt["mars"] == {"B": 3, "ar_weight": 0.5, "no_sft": False, "block_offset": "fixed",
-                            "targets": "hard", "clean_padding": "keep"}
+    assert ckpt["mars"] == {"B": 3, "ar_weight": 0.5}
     log = json.loads((d / "mars_log.json").read_text())
     assert {"loss", "noisy", "clean"} <= log[0].keys()
     for r in log:
@@ -145,8 +147,10 @@ def test_stage_ar_then_mars(tmp_path):
     # stage 2 must start from a stage-1 checkpoint
     proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--init_from", d / "mars.pt", "--out_dir", tmp_path / "x"])
     assert_one_line_error(proc)
+    assert proc.returncode == 1 and "--init_from must be a stage-1 (ar) checkpoint" in proc.stderr
     proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--init_from", tmp_path / "nope.pt", "--out_dir", tmp_path / "x"])
     assert_one_line_error(proc)
+    assert proc.returncode == 1 and f"checkpoint not found: {tmp_path / 'nope.pt'}" in proc.stderr
 
 
 def untimed(log_path):
@@ -237,34 +241,58 @@ def run_ddp(args, timeout=300):
                           cwd=ROOT, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, timeout=timeout)
 
 
-def test_ddp_two_processes(tmp_path):
-    """Both stages and the summary on two processes. Each stage is shorter than --save_every, so ar.pt
-    is written only at its end (by rank 0), and the other rank must wait for it before stage 2 loads it."""
-    d = tmp_path / "ddp"
-    proc = run_ddp(["--preset", "tiny", "--ar_iters", "10", "--mars_iters", "10", "--summary_limit", "4",
-                    "--out_dir", d])
+def test_ddp_two_processes_equal_one_on_the_same_global_batch(tmp_path):
+    """Both stages and the summary on two gloo processes. Each stage is shorter than --save_every, so ar.pt
+    is written only at its end (by rank 0), and the other rank must wait for it before stage 2 loads it.
+    Two processes of 8 rows each train what one process trains on the same global batch of 16 in two
+    micro-batches of 8: the same weights and validation losses, which they would not be if the ranks saw
+    the same rows. Rank 0 logs the loss of its own 8 rows."""
+    d, one = tmp_path / "ddp", tmp_path / "one"
+    flags = ["--preset", "tiny", "--ar_iters", "10", "--mars_iters", "10", "--summary_limit", "4", "--device", "cpu"]
+    proc = run_ddp([*flags, "--out_dir", d])
     assert proc.returncode == 0, ddp_failure(proc)
     assert train.PRESETS["tiny"]["save_every"] > 10
     ar = assert_checkpoint(d / "ar.pt", "ar")
     assert_checkpoint(d / "mars.pt", "mars")
-    assert ar["train_config"]["batch_size"] == train.PRESETS["tiny"]["batch_size"]
+    assert ar["train_config"]["batch_size"] == train.PRESETS["tiny"]["batch_size"] == 16
     assert (d / "summary.json").exists()
-    # only rank 0 prints
-    assert proc.stdout.count("instruction set:") == 1
+    assert proc.stdout.count("instruction set:") == 1  # only rank 0 prints
+    ref = run_cli(["train.py", *flags, "--micro_batch", "8", "--out_dir", one])
+    assert ref.returncode == 0, ref.stderr
+    for stage in ("ar", "mars"):
+        a, b = load(d / f"{stage}.pt")["model"], load(one / f"{stage}.pt")["model"]
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=f"{stage} {k}")
+        two, single = (json.loads((p / f"{stage}_log.json").read_text()) for p in (d, one))
+        assert two[-1]["val_loss"] == pytest.approx(single[-1]["val_loss"], rel=1e-4)
+        assert two[0]["loss"] != pytest.approx(single[0]["loss"], rel=1e-6)  # rank 0's half of the rows
+
+
+def test_each_process_takes_its_own_rows_of_the_global_batch():
+    """Stage.share: under DDP, process r's micro-batch a is rows (r * accum + a) * micro onwards; the
+    processes' micro-batches cover the global batch once."""
+    for world, accum, micro in ((2, 1, 8), (2, 2, 4), (4, 2, 2)):
+        rows = [i for rank in range(world) for a in range(accum)
+                for i in range(16)[train.Stage.share(SimpleNamespace(rank=rank, accum=accum, micro=micro), a)]]
+        assert sorted(rows) == list(range(16)) and len(rows) == 16
 
 
 def test_own_jsonl_data_end_to_end(tmp_path):
-    """Training on a user's small JSONL file, both stages and the summary. Its
-    records all hash to the train split, so val and test are empty."""
-    import data
+    """Training on a user's small JSONL file of {prompt, response}, both stages and the summary. Its
+    records all hash to the train split, so val and test are empty. A conversation ({messages}) is
+    extras.real.train's to read: one line says so."""
     records, i = [], 0
     while len(records) < 24:
         prompt = f"Say the number {i}."
         if data.split_of(prompt) == "train":
-            records.append({"prompt": prompt, "response": f"The number is {i}."} if i % 2 else
-                           {"messages": [{"role": "user", "content": prompt},
-                                         {"role": "assistant", "content": f"The number is {i}."}]})
+            records.append({"prompt": prompt, "response": f"The number is {i}."})
         i += 1
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi."},
+                                             {"role": "assistant", "content": "Hello."}]}) + "\n")
+    proc = run_cli(["train.py", "--preset", "tiny", "--data", chat, "--out_dir", tmp_path / "chat"])
+    assert_one_line_error(proc)
+    assert f"{chat}:1: malformed record" in proc.stderr and "python -m extras.real.train --data" in proc.stderr
     path = tmp_path / "mine.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     d = tmp_path / "out"
@@ -276,10 +304,10 @@ def test_own_jsonl_data_end_to_end(tmp_path):
     assert ckpt["train_config"]["data"] == str(path)
 
 
-def test_control_and_ablation_stages(tmp_path):
-    """--stage control is stage 2 without its noisy stream (the clean term alone, same batches and schedule);
-    --no_sft is the paper's ablation (no clean loss, noisy loss weighted 1/t);
-    --block_offset random shifts the blocks. All start from the same stage-1 checkpoint."""
+def test_control_stage_and_resume_holds_stage_2_flags(tmp_path):
+    """--stage control is stage 2 without its noisy stream (the clean term alone, same batches and schedule),
+    from the same stage-1 checkpoint as MARS. (The ablations beyond the paper, --no_sft and --block_offset,
+    are python -m extras.real.train's: tests/test_options.py.)"""
     d = tmp_path / "run"
     assert run_cli(["train.py", *SHORT, "--stage", "ar", "--out_dir", d]).returncode == 0
     proc = run_cli(["train.py", *SHORT, "--stage", "control", "--mars_iters", "7", "--out_dir", d])
@@ -302,17 +330,23 @@ def test_control_and_ablation_stages(tmp_path):
     proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--mars_iters", "7", "--out_dir", d / "m",
                     "--resume", "--B", "8"])
     assert_one_line_error(proc)
-    assert "B 4 -> 8" in proc.stderr
+    assert "--resume with changed stage-2 flags (B 4 -> 8)" in proc.stderr
 
-    proc = run_cli(["train.py", *SHORT, "--stage", "mars", "--no_sft", "--block_offset", "random",
-                    "--out_dir", d / "nosft", "--init_from", d / "ar.pt"])
+
+def test_a_checkpoint_of_the_old_format_resumes(tiny_run, tmp_path):
+    """A MARS checkpoint written before the options moved to extras/ (six stage-2 flags under "mars", the
+    settings the old command line resolved) resumes: --resume holds a run to the flags it still has."""
+    ckpt = load(tiny_run / "mars.pt")
+    old = dict(no_sft=False, block_offset="fixed", targets="hard", clean_padding="keep")
+    config = {**ckpt["train_config"], "from_hf": False, "given": [], "schedule": {}, "epochs": None}
+    torch.save({**ckpt, "done": False, "iter": 59, "history": ckpt["history"][:59], "train_config": config,
+                "mars": {**ckpt["mars"], **old}}, tmp_path / "mars.pt")
+    proc = run_cli(["train.py", "--preset", "tiny", "--stage", "mars", "--resume", "--summary_limit", "0",
+                    "--init_from", tiny_run / "ar.pt", "--out_dir", tmp_path])
     assert proc.returncode == 0, proc.stderr
-    ckpt = assert_checkpoint(d / "nosft" / "mars.pt", "mars")
-    assert ckpt["mars"] == {"B": 4, "ar_weight": 0.0, "no_sft": True, "block_offset": "random",
-                            "targets": "hard", "clean_padding": "keep"}
-    log = json.loads((d / "nosft" / "mars_log.json").read_text())
-    # the loss is the reweighted noisy loss alone: not the plain noisy mean, and no clean part
-    assert any(abs(r["loss"] - r["noisy"]) > 1e-3 for r in log)
+    assert "resuming stage mars at step 59" in proc.stdout
+    again = assert_checkpoint(tmp_path / "mars.pt", "mars")
+    assert again["iter"] == 60 and again["mars"] == {"B": 4, "ar_weight": 1.0}
 
 
 def test_bf16_autocast_on_cpu_both_stages(tmp_path):
@@ -327,7 +361,7 @@ def test_bf16_autocast_on_cpu_both_stages(tmp_path):
         assert all(v.dtype == torch.float32 for v in ckpt["model"].values())  # autocast keeps fp32 weights
     start = proc.stdout.index("config:")  # the config, printed once, before the first step
     assert proc.stdout.count("config:") == 1 and start < proc.stdout.index("ar 3/3")
-    assert "precision=bfloat16" in proc.stdout[start:proc.stdout.index("ar 3/3")]
+    assert "precision='bfloat16'" in proc.stdout[start:proc.stdout.index("ar 3/3")]
 
 
 def test_cpu_bf16_attention_takes_the_math_path_at_the_flash_kernels_loss_and_gradients():
@@ -358,14 +392,17 @@ def test_cpu_bf16_attention_takes_the_math_path_at_the_flash_kernels_loss_and_gr
 
 
 def test_gpu_preset_takes_a_step_on_cpu(tmp_path):
-    """The gpu preset's model (8 x 512) builds and takes a stage-1 step without CUDA; a small batch keeps it quick."""
+    """The gpu preset's model (8 x 512) builds and takes a stage-1 step without CUDA; a small batch keeps it quick.
+    Its precision is the rule's for this CPU, recorded with the reason."""
     proc = run_cli(["train.py", "--preset", "gpu", "--device", "cpu", "--n_train", "2000", "--batch_size", "2",
                     "--stage", "ar", "--ar_iters", "1", "--summary_limit", "1", "--out_dir", tmp_path], timeout=600)
     assert proc.returncode == 0, proc.stderr
     ckpt = assert_checkpoint(tmp_path / "ar.pt", "ar")
     assert ckpt["model_config"]["n_layer"] == 8 and ckpt["model_config"]["n_embd"] == 512
-    why = ckpt["train_config"]["precision_why"]  # the preset leaves it to the probe
-    assert ckpt["train_config"]["precision"] == why["dtype"] and why["float32_ms"] > 0
+    dtype, reason = train.precision_rule("cpu")
+    assert ckpt["train_config"]["precision"] == dtype
+    assert ckpt["train_config"]["precision_why"] == {"dtype": dtype, "reason": reason}
+    assert f"precision: {dtype}: {reason}" in proc.stdout
 
 
 # A CPU without native bf16, emulated on one with it: torch's, oneDNN's and MKL's kernels limited to AVX2
@@ -374,29 +411,56 @@ NO_NATIVE_BF16 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="AVX2 is an x86 instruction set")
-def test_precision_probe_picks_float32_without_native_bf16_and_the_flag_forces(tmp_path):
-    """--precision auto times both precisions on the model's shapes and, where bf16 is slow, trains in float32:
-    the log says so with the timings and the CPU's capability, and the checkpoint and the stage log record
-    them. --precision bfloat16 still trains in bf16 there."""
+def test_the_rule_picks_float32_with_avx2_kernels_forced_and_the_flag_forces(tmp_path):
+    """--precision auto follows the rule, untimed: with AVX2 kernels forced, float32, even on a CPU with native
+    bf16 (the capability reads AVX2); the start says so, and the checkpoint and the stage log record it.
+    --precision bfloat16 still trains in bf16 there."""
     cmd = ["train.py", "--preset", "tiny", "--stage", "ar", "--ar_iters", "2", "--summary_limit", "0"]
     proc = run_cli(cmd + ["--precision", "auto", "--out_dir", tmp_path / "auto"], env=NO_NATIVE_BF16)
     assert proc.returncode == 0, proc.stderr
     cfg = load(tmp_path / "auto" / "ar.pt")["train_config"]
-    assert cfg["precision"] == cfg["precision_why"]["dtype"] == "float32"
-    assert cfg["precision_why"]["device"] == "CPU capability AVX2"
-    assert cfg["precision_why"]["bfloat16_ms"] > cfg["precision_why"]["float32_ms"] > 0
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("precision:"))
-    assert line.startswith("precision: float32") and "AVX2" in line and " ms" in line
+    assert cfg["precision_why"] == {"dtype": "float32", "reason": "no native bf16 on cpu (CPU capability AVX2)"}
+    assert cfg["precision"] == "float32"
+    assert "precision: float32: no native bf16 on cpu (CPU capability AVX2)" in proc.stdout.splitlines()
     assert json.loads((tmp_path / "auto" / "ar_log.json").read_text())[-1]["precision"] == cfg["precision_why"]
     proc = run_cli(cmd + ["--precision", "bfloat16", "--out_dir", tmp_path / "forced"], env=NO_NATIVE_BF16)
     assert proc.returncode == 0, proc.stderr
-    assert load(tmp_path / "forced" / "ar.pt")["train_config"]["precision"] == "bfloat16"
-    assert "precision:" not in proc.stdout  # nothing measured
+    cfg = load(tmp_path / "forced" / "ar.pt")["train_config"]
+    assert cfg["precision_why"] == {"dtype": "bfloat16", "reason": "--precision bfloat16"}
+
+
+@pytest.mark.parametrize("capability, avx512_bf16, amx, want", [
+    ("AVX512", True, False, "bfloat16"), ("AVX512", False, True, "bfloat16"),
+    ("AVX512", False, False, "float32"),  # AVX-512 without bf16 (e.g. Skylake)
+    ("AVX2", True, True, "float32"),  # ATEN_CPU_CAPABILITY=avx2: the bf16 checks ignore it
+    ("DEFAULT", False, False, "float32")])
+def test_precision_rule_on_a_cpu(monkeypatch, capability, avx512_bf16, amx, want):
+    """bf16 on a CPU only where both say so: the capability torch's kernels use, and native bf16 (AVX512-BF16
+    or AMX). No timing."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    dtype, reason = train.precision_rule("cpu")
+    assert dtype == want and f"CPU capability {capability}" in reason
+
+
+def test_precision_rule_on_a_gpu_asks_for_native_bf16(monkeypatch):
+    """A T4 emulates bf16, which torch counts as support by default: the rule asks for native bf16, so a T4
+    trains in float32 and an H200 in bf16; the reason names the GPU."""
+    asked = []
+    for native, name in ((False, "Tesla T4"), (True, "NVIDIA H200")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda native=native, **kw: asked.append(kw) or native)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: f"{name} ({device})")
+        dtype, reason = train.precision_rule("cuda:1")
+        assert dtype == ("bfloat16" if native else "float32")
+        assert reason == f"{name} (cuda:1) has {'' if native else 'no '}native bf16"
+    assert asked == [{"including_emulation": False}] * 2
 
 
 def simulated(per_row, bf16_ratio, fixed=0.0):
-    """A time_run for precision.probe: float32 takes `fixed` seconds plus per_row a row, bf16 the same fixed part
-    plus bf16_ratio times float32's per row; and the list of (rows, bf16, seconds) it was asked for."""
+    """A time_run for precision.probe (python -m extras.bench.precision): float32 takes `fixed` seconds plus per_row
+    a row, bf16 the same fixed part plus bf16_ratio times float32's per row; and the list of (rows, bf16, seconds)
+    it was asked for."""
     runs = []
 
     def time_run(rows, bf16):
@@ -425,7 +489,7 @@ def test_precision_probe_decides_on_a_clear_margin_within_its_budget(bf16_ratio,
 def test_the_probe_sees_through_a_big_models_fixed_cost():
     """A big model on a CPU: half a second a run whatever the tokens (every weight's gradient), then bf16 at
     0.4x float32's cost per token. A run on a few tokens shows the two alike; the prediction for a step of
-    2,048 tokens shows bf16's gain, and the probe chooses it."""
+    2,048 tokens shows bf16's gain, and the probe finds it faster."""
     time_run, runs = simulated(6e-3, 0.4, fixed=0.5)
     fp32, bf16, rows = precision.probe(time_run, tokens=2048, budget=2.0)
     assert runs[4][2] / runs[0][2] > 0.95  # one token: the precisions look the same
@@ -433,35 +497,39 @@ def test_the_probe_sees_through_a_big_models_fixed_cost():
     assert precision.decide(fp32, bf16) == "bfloat16" and 16 <= rows < 2048
 
 
-def test_a_gpu_without_bf16_trains_in_float32_unprobed(monkeypatch):
-    """A GPU without native bf16 (a T4) trains in float32, not probed, and the log and the record say why and
-    name the GPU. The check asks for native bf16: by default torch counts a T4's emulation as support. On a CPU
-    the probe still decides, whatever CUDA would say."""
-    asked = []
-    monkeypatch.setattr(precision.torch.cuda, "is_bf16_supported", lambda **kw: asked.append(kw) or False)
-    monkeypatch.setattr(precision.torch.cuda, "get_device_name", lambda device=None: f"Tesla T4 ({device})")
-    monkeypatch.setattr(precision, "probe", lambda *a, **k: pytest.fail("a GPU without bf16 was probed"))
-    why = precision.choose_dtype(SimpleNamespace(device="cuda:1"), None, 1)
-    assert asked == [{"including_emulation": False}]
-    assert why == {"dtype": "float32", "device": "Tesla T4 (cuda:1)", "reason": "Tesla T4 (cuda:1) has no native "
-                   "bf16 (not probed), and fp16 would need loss scaling, which this project does not do"}
-    monkeypatch.setattr(precision, "probe", lambda *a, **k: (1.0, 0.5, 16))  # bf16 twice as fast
-    cpu = SimpleNamespace(device="cpu", micro_batch=None, batch_size=16, max_seq_len=64)
-    why = precision.choose_dtype(cpu, None, 1)
-    assert why["dtype"] == "bfloat16" and why["bfloat16_ms"] == 500 and len(asked) == 1
+def test_precision_command_times_both_and_names_the_rule(monkeypatch, capsys):
+    """python -m extras.bench.precision: both precisions timed on a preset's model (here simulated, bf16 twice
+    as fast), which one is faster, and what train.py's rule picks, and whether they agree."""
+    monkeypatch.setattr(precision, "probe", lambda *a, **k: (0.010, 0.005, 16))
+    monkeypatch.setattr(train, "precision_rule", lambda device: ("float32", "no native bf16 (test)"))
+    precision.main(["--preset", "tiny", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "float32       10.00 ms" in out and "bfloat16       5.00 ms (0.50x" in out
+    assert "faster here: bfloat16" in out
+    assert "rule picks float32 (no native bf16 (test)): they disagree: train.py --precision bfloat16" in out
+    precision.main(["--preset", "tiny", "--device", "cpu", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert (r["faster"], r["rule"], r["tokens"]) == ("bfloat16", "float32", 16 * 64)
 
 
-def test_progress_prints_30_s_after_its_last_line(monkeypatch, capsys):
-    """A slow machine learns its ETA within the first minute: between the lines every 2% of the stage, a
-    line comes once 30 s have passed since the last one."""
+def test_progress_prints_30_s_after_its_last_line_with_the_runs_eta(monkeypatch, tmp_path):
+    """A slow machine learns its ETA within the first minute: between the lines every 2% of the stage (here
+    every 10 steps), a line comes once 30 s have passed since the last one. The run's ETA adds the later
+    stages' steps at this stage's pace; the last stage's is its own. (train.py's clock: 31 s a step.)"""
     clock = [1000.0]
-    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0]))
-    progress = train.Progress(SimpleNamespace(name="ar", rank=0, iters=5000, first_step=0, seconds_before=0.0), 0)
-    for step, seconds, prints in ((1, 29, False), (2, 2, True), (3, 10, False), (4, 25, True)):
-        clock[0] += seconds
-        progress.report({"iter": step, "lr": 1e-3, "loss": 2.0, "elapsed_s": 0.0}, 1000)
-        out = capsys.readouterr().out
-        assert (out.startswith(f"ar {step}/5000 ") and "ETA stage" in out) if prints else out == "", (step, out)
+
+    def tick():
+        clock[0] += 31
+        return clock[0]
+    monkeypatch.setattr(train, "time", SimpleNamespace(time=tick))
+    proc = run_cli(["train.py", "--preset", "tiny", "--ar_iters", "12", "--mars_iters", "2", "--eval_every", "12",
+                    "--summary_limit", "1", "--device", "cpu", "--out_dir", tmp_path])
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("ar ", "mars "))]
+    assert [line.split(" | ")[0] for line in lines] == [f"ar {i}/12" for i in range(1, 13)] + ["mars 1/2", "mars 2/2"]
+    minutes = 31 / 60  # a step
+    assert lines[0].endswith(f"ETA stage {11 * minutes:.1f} min, run {(11 + 2) * minutes:.1f} min")
+    assert lines[-2].endswith(f"ETA stage {minutes:.1f} min, run {minutes:.1f} min")
 
 
 MARS_RESUME = ["train.py", "--preset", "tiny", "--stage", "mars", "--mars_iters", "60", "--save_every", "5",
@@ -582,16 +650,6 @@ def test_bucketed_batch_loss_is_the_mean_of_per_example_losses(tok, splits):
     torch.testing.assert_close(control, alone.mean(), atol=0, rtol=1e-6)  # CE runs in float32
 
 
-def test_run_eta_counts_what_follows_each_stage(splits):
-    """The ETA of the whole run: after stage 1 come stage 2, the validation accuracies and the summary;
-    after stage 2, its validation accuracy and the summary; a lone stage has no summary after it."""
-    args = train.get_args(["--preset", "tiny", "--device", "cpu"])
-    after_ar = train.work_after("ar", ["ar", "mars"], args, splits)
-    after_mars = train.work_after("mars", ["ar", "mars"], args, splits)
-    assert after_ar > train.STEP_TIME["mars"] * args.mars_iters > after_mars > 0
-    assert 0 < train.work_after("mars", ["mars"], args.replace(stage="mars"), splits) < after_mars
-
-
 def test_profile_train_writes_padding_and_profile(tmp_path):
     """extras/bench/profile_train (docs/padding_cpu.json, docs/profile_cpu.json), on the tiny preset: bucketed
     batches carry less padding and more positions with a loss, stage 2 leaves out noisy prompt blocks,
@@ -609,3 +667,196 @@ def test_profile_train_writes_padding_and_profile(tmp_path):
     assert prof["command"].startswith("python -m extras.bench.profile_train --preset tiny")
     assert {(r["stage"], r["buckets"]) for r in prof["rows"]} == set(pad)
     assert all(r["ms"][k] > 0 for r in prof["rows"] for k in ("forward", "backward", "optimizer", "step"))
+
+
+# ---------------------------------------------------------------------------
+# The command line: one flag per key of the presets, one-line errors, moved flags
+
+
+def test_every_preset_key_is_a_flag_with_help(capsys):
+    """The flags come from the presets table: one --key per key, with help and each preset's value, typed from
+    the value (lists comma-separated); a flag beats the preset."""
+    keys = {k for row in train.PRESETS.values() for k in row}
+    assert all(row.keys() == keys for row in train.PRESETS.values())
+    proc = run_cli(["train.py", "--help"])
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for k in keys:
+        assert f"--{k} " in text, k
+    assert "--n_layer N_LAYER (tiny 2, course 4, cpu 4, gpu 8)" in text and "--B B the paper's block" in text
+    assert "--optimizer {adamw,muon}" in text and "--schedule {cosine,wsd}" in text
+    cfg = train.get_config(["--preset", "course", "--tasks", "spell,copy", "--betas", "0.8,0.9", "--decay", "0.2",
+                            "--micro_batch", "8", "--device", "cpu"])
+    assert (cfg.tasks, cfg.betas, cfg.decay, cfg.micro_batch) == (["spell", "copy"], [0.8, 0.9], 0.2, 8)
+    assert cfg.n_embd == train.PRESETS["course"]["n_embd"] and cfg.preset == "course"
+    assert keys <= vars(cfg).keys()
+    with pytest.raises(AttributeError, match="read-only"):
+        cfg.lr = 1.0
+    assert cfg.replace(lr=1.0).lr == 1.0 and cfg.lr == train.PRESETS["course"]["lr"]
+
+
+def test_a_tool_adds_its_presets_and_flags():
+    """get_config(argv, presets, extra): a tool's own table (its flags made from it) and its own flags; a
+    flag it defines is its own, not a moved one."""
+    presets = {"big": dict(train.PRESETS["cpu"], n_layer=12, epochs=3)}
+
+    def extra(p):
+        p.add_argument("--no_sft", action="store_true")
+    cfg = train.get_config(["--epochs", "5", "--no_sft", "--device", "cpu"], presets, extra)
+    assert (cfg.preset, cfg.n_layer, cfg.epochs, cfg.no_sft) == ("big", 12, 5, True)
+
+
+@pytest.mark.parametrize("flags, code, message", [
+    (["--B", "0"], 2, "error: --B must be >= 1, got 0"),
+    (["--batch_size", "-4"], 2, "error: --batch_size must be >= 1, got -4"),
+    (["--tasks", "spell,nope"], 2, "error: --tasks: unknown families ['nope']; they are add,"),
+    (["--n_embd", "100", "--n_head", "3"], 2, "error: --n_embd 100 does not split into --n_head 3 heads"),
+    (["--n_embd", "66", "--n_head", "2"], 2, "error: --n_embd 66 does not split into --n_head 2 heads of even"),
+    (["--ar_weight", "-1"], 2, "error: --ar_weight must be >= 0"),
+    (["--decay", "0"], 2, "error: --ar_weight must be >= 0, --decay in (0, 1] and --warmup in [0, 1)"),
+    (["--betas", "0.9,x"], 2, "error: argument --betas: invalid comma-separated float value: '0.9,x'"),
+    (["--optimizer", "sgd"], 2, "error: argument --optimizer: invalid choice: 'sgd'"),
+    (["--preset", "nope"], 2, "error: --preset nope: choose from tiny, course, cpu, gpu"),
+    (["--lr", "fast"], 2, "error: argument --lr: invalid float value: 'fast'"),
+    (["--epochs", "3"], 2, "error: unrecognized arguments: --epochs 3"),
+    (["--batch_size", "16", "--micro_batch", "5", "--ar_iters", "1"], 1,
+     "error: --batch_size 16 is not a multiple of --micro_batch 5 x 1 processes"),
+])
+def test_bad_flags_are_one_line_errors(tmp_path, flags, code, message):
+    proc = run_cli(["train.py", "--preset", "tiny", "--stage", "ar", "--out_dir", tmp_path, *flags])
+    assert_one_line_error(proc)
+    assert proc.returncode == code and proc.stderr.startswith(message), proc.stderr
+
+
+@pytest.mark.parametrize("flags", [["--no_sft"], ["--block_offset", "random"], ["--targets=soft"],
+                                   ["--clean_padding", "drop"], ["--mask_row", "mean"]])
+def test_flags_beyond_the_paper_name_their_command(tmp_path, flags):
+    proc = run_cli(["train.py", "--preset", "tiny", *flags, "--out_dir", tmp_path])
+    flag = flags[0].split("=")[0]
+    assert_one_line_error(proc)
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: {flag} is beyond the paper: python -m extras.real.train {flag} ...\n"
+
+
+@pytest.mark.parametrize("how", ["directory", "gguf", "short name", "preset hf"])
+def test_a_real_model_names_its_command(tmp_path, how):
+    """A real model (a directory, a .gguf file, an installed one's short name, the hf preset) trains with
+    python -m extras.real.train: one line says so, before anything is read."""
+    where = {"directory": str(tmp_path), "gguf": str(tmp_path / "m.gguf"), "short name": "smollm2"}.get(how)
+    flags = ["--preset", "hf"] if how == "preset hf" else ["--stage", "mars", "--init_from", where]
+    proc = run_cli(["train.py", *flags, "--out_dir", tmp_path / "out"])
+    assert_one_line_error(proc)
+    if how == "preset hf":
+        assert proc.returncode == 2 and proc.stderr.startswith(
+            "error: --preset hf: choose from tiny, course, cpu, gpu (a real model: python -m extras.real.train)")
+    else:
+        assert proc.returncode == 1 and proc.stderr == (
+            f"error: a real model trains with python -m extras.real.train --init_from {where} --data my.jsonl\n")
+    assert not (tmp_path / "out").exists()
+
+
+class Pickled:
+    """Anything but tensors and plain types: a checkpoint holding it is refused (weights_only=True)."""
+
+
+def test_load_checkpoint_refuses_a_file_that_pickles_an_object(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {}, "model_config": {}, "tokenizer": {}, "x": Pickled()}, path)
+    assert isinstance(torch.load(path, weights_only=False)["x"], Pickled)  # readable, were it trusted
+    with pytest.raises(common.UserError, match="not a readable checkpoint of this project"):
+        common.load_checkpoint(path)
+    proc = run_cli(["train.py", "--preset", "tiny", "--stage", "mars", "--init_from", path,
+                    "--out_dir", tmp_path / "out"])
+    assert_one_line_error(proc)
+    assert f"not a readable checkpoint of this project: {path}" in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# The optimizer: Muon on the hidden matrices, the wsd schedule
+
+
+def test_wsd_schedule_warms_up_holds_then_decays_linearly():
+    lrs = [train.lr_at(i, 1.0, 0.1, 100, "wsd", 0.4) for i in range(100)]
+    assert lrs[:10] == pytest.approx([(i + 1) / 10 for i in range(10)])
+    assert lrs[10:60] == [1.0] * 50
+    assert lrs[60:] == pytest.approx([(100 - i) / 40 for i in range(60, 100)])
+    cosine = [train.lr_at(i, 1.0, 0.1, 100) for i in range(100)]
+    assert cosine[10] == 1.0 and cosine[55] == pytest.approx(0.5) and cosine[99] < 1e-3
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    net = model.GPT(tiny_config())
+    cfg = SimpleNamespace(optimizer="muon", weight_decay=0.1, betas=[0.9, 0.95])
+    muon, adamw = train.optimizers(net, cfg, 1e-3)
+    def ids(params):
+        return [id(p) for p in params]
+    hidden = [p for n, p in net.named_parameters() if p.dim() == 2 and n != "wte.weight"]
+    assert isinstance(muon, train.Muon) and ids(muon.param_groups[0]["params"]) == ids(hidden)
+    assert net.lm_head.weight is net.wte.weight  # tied: AdamW's, with the embedding
+    decayed, plain = adamw.param_groups
+    assert ids(decayed["params"]) == [id(net.wte.weight)] and decayed["weight_decay"] == 0.1
+    assert plain["weight_decay"] == 0 and all(p.dim() == 1 for p in plain["params"])
+    assert len(hidden) + 1 + len(plain["params"]) == len(list(net.parameters()))
+    [only] = train.optimizers(net, SimpleNamespace(**{**vars(cfg), "optimizer": "adamw"}), 1e-3)
+    assert isinstance(only, torch.optim.AdamW) and only.defaults["fused"]
+    assert ids(only.param_groups[0]["params"]) == ids(p for p in net.parameters() if p.dim() == 2)
+
+
+def test_muon_steps_each_matrix_as_if_alone():
+    """Muon's update of a matrix: Nesterov momentum, orthogonalised (about U V^T: its singular values near
+    1), scaled by 0.2 sqrt(max(shape)), with decoupled weight decay; matrices of one shape share a batched
+    product, which changes nothing."""
+    torch.manual_seed(0)
+    shapes = [(8, 16), (8, 16), (16, 8), (12, 12)]
+    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    want = [p.detach().clone() for p in params]
+    bufs = [torch.zeros(s) for s in shapes]
+    opt = train.Muon(params, lr=0.02, weight_decay=0.1)
+    for _ in range(3):
+        grads = [torch.randn(s) for s in shapes]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt.step()
+        for i, g in enumerate(grads):
+            bufs[i] = 0.95 * bufs[i] + 0.05 * g
+            update = train.orthogonalise((0.05 * g + 0.95 * bufs[i])[None])[0]
+            want[i] = want[i] * (1 - 0.02 * 0.1) - 0.02 * 0.2 * max(shapes[i]) ** 0.5 * update
+    for p, w in zip(params, want):
+        torch.testing.assert_close(p.detach(), w, rtol=1e-4, atol=1e-5)
+    G = torch.randn(3, 8, 16)
+    X = train.orthogonalise(G)
+    assert ((torch.linalg.svdvals(X) > 0.5) & (torch.linalg.svdvals(X) < 1.5)).all()
+    U, _, Vh = torch.linalg.svd(G, full_matrices=False)
+    assert torch.nn.functional.cosine_similarity(X.flatten(1), (U @ Vh).flatten(1)).min() > 0.9
+
+
+def test_muon_and_wsd_interrupted_and_resumed_reproduce_the_run(tmp_path, monkeypatch):
+    """Ctrl-C after step 2 of 6 (in this process), then --resume: the checkpoint holds Muon's and AdamW's
+    states, and the resumed run ends with the weights and log of a run never interrupted."""
+    cmd = ["train.py", "--preset", "tiny", "--stage", "ar", "--ar_iters", "6", "--optimizer", "muon",
+           "--schedule", "wsd", "--eval_every", "3", "--save_every", "100", "--summary_limit", "0"]
+    assert run_cli(cmd + ["--out_dir", tmp_path / "ref"]).returncode == 0
+    next_batch, drawn = train.Stage.next_batch, []
+
+    def ctrl_c_in_step_2(self):
+        drawn.append(1)
+        if len(drawn) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return next_batch(self)
+    monkeypatch.setattr(train.Stage, "next_batch", ctrl_c_in_step_2)
+    proc = run_cli(cmd + ["--out_dir", tmp_path / "cut"])
+    assert proc.returncode == 130 and "resume with:" in proc.stdout, proc.stdout + proc.stderr
+    ckpt = assert_checkpoint(tmp_path / "cut" / "ar.pt", "ar", done=False)
+    assert ckpt["iter"] == 2
+    muon, adamw = ckpt["optimizer"]
+    # q, k, v, o, gate, up and down in each layer
+    assert len(muon["state"]) == 7 * train.PRESETS["tiny"]["n_layer"]
+    assert all("momentum" in s for s in muon["state"].values())
+    assert all("exp_avg" in s for s in adamw["state"].values())
+    monkeypatch.undo()
+    proc = run_cli(cmd + ["--out_dir", tmp_path / "cut", "--resume"])
+    assert proc.returncode == 0 and "resuming stage ar at step 2" in proc.stdout, proc.stderr
+    a, b = load(tmp_path / "cut" / "ar.pt"), load(tmp_path / "ref" / "ar.pt")
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert untimed(tmp_path / "cut" / "ar_log.json") == untimed(tmp_path / "ref" / "ar_log.json")

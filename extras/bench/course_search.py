@@ -1,12 +1,15 @@
-"""The search behind `--preset course`: candidates for a class's run of a few minutes, each trained alone and
-timed, then chosen on the validation prompts only (the test split is what the run's own summary reports).
+"""The searches behind the presets: candidates for `python train.py` (the cpu preset: all ten
+families) and for `--preset course` (a class's run), each trained alone and timed, then chosen on
+validation prompts only (the test split is what a run's own summary and extras.bench.eval report).
 
-    python -m extras.bench.course_search --out docs/course_search_cpu.json          # runs every candidate
-    python -m extras.bench.course_search --plot docs/course_search_cpu.json         # the trade-off figure
+    python -m extras.bench.course_search --out docs/preset_search_cpu.json   # runs what is missing
+    python -m extras.bench.course_search --plot docs/preset_search_cpu.json
 
-Each candidate is `python train.py FLAGS` (wall time of the whole command: data, tokenizer, both stages, their
-validation and the held-out summary), then its mars.pt decoded on the validation prompts at tau 1.0 and 0.9
-(untimed). The JSON records the machine beside every time.
+A candidate is `python train.py FLAGS` over a preset, timed as a whole command (data, tokenizer,
+the stages, their validation and the summary). A stage-1 screen (`--stage ar`) is scored by its
+validation accuracy; a full run also by its mars.pt on the validation prompts at tau 1.0, 0.95 and
+0.9 (untimed). --out appends to an existing file, so a search can be stopped and resumed; every
+row records the machine it was timed on.
 """
 import argparse
 import json
@@ -16,112 +19,130 @@ import subprocess
 import sys
 import time
 
+import torch
+
+import data
+import train
+from common import load_checkpoint, model_from_checkpoint
+
 SIX = "spell,reverse,copy,words,convert,facts"
-COMMON = "--summary_limit 300 --eval_every 100000 --save_every 100000"
-CANDIDATES = {  # name: train.py flags (the cpu preset underneath)
-    "L4W256_f6_800_500": f"--tasks {SIX} --ar_iters 800 --mars_iters 500 --lr 3e-3 --mars_lr 3e-3",
-    "L4W128_f6_1500_800": f"--tasks {SIX} --n_embd 128 --ar_iters 1500 --mars_iters 800 --lr 3e-3 --mars_lr 3e-3",
-    "L2W256_f6_1200_700": f"--tasks {SIX} --n_layer 2 --ar_iters 1200 --mars_iters 700 --lr 3e-3 --mars_lr 3e-3",
-    "L4W128_all_1500_800": "--n_embd 128 --ar_iters 1500 --mars_iters 800 --lr 3e-3 --mars_lr 3e-3",
-    "L4W128_f6_2000_1000": f"--tasks {SIX} --n_embd 128 --ar_iters 2000 --mars_iters 1000 --lr 3e-3 --mars_lr 3e-3",
-    "L4W128_f6_1500_800_lr5e-3": f"--tasks {SIX} --n_embd 128 --ar_iters 1500 --mars_iters 800 --lr 5e-3 "
-                                 "--mars_lr 5e-3",
-    "L3W128_f6_2000_1000": f"--tasks {SIX} --n_embd 128 --n_layer 3 --ar_iters 2000 --mars_iters 1000 --lr 3e-3 "
-                           "--mars_lr 3e-3",
-    "L4W128_f6_1500_800_b64": f"--tasks {SIX} --n_embd 128 --ar_iters 1500 --mars_iters 800 --batch_size 64 "
-                              "--lr 3e-3 --mars_lr 3e-3",
-    "L4W128_f6_1800_900": f"--tasks {SIX} --n_embd 128 --ar_iters 1800 --mars_iters 900 --lr 3e-3 --mars_lr 3e-3",
+QUIET = "--eval_every 100000 --save_every 100000"  # one validation loss, one checkpoint a stage
+VAL = 500  # validation prompts a candidate is scored on
+M = "--n_embd 128 --optimizer muon"
+CANDIDATES = {  # name: train.py flags (float32: the rule's choice on the search's AVX2-only CPU)
+    # stage 1 alone, all ten families
+    "s1_adamw_W128_1500": "--preset cpu --stage ar --n_embd 128 --ar_iters 1500 --lr 3e-3",
+    "s1_muon_W128_1500": f"--preset cpu --stage ar {M} --ar_iters 1500 --lr 3e-3",
+    "s1_muon_W128_1500_lr6e-3": f"--preset cpu --stage ar {M} --ar_iters 1500 --lr 6e-3",
+    "s1_muon_W128_b64_750_lr6e-3": f"--preset cpu --stage ar {M} --batch_size 64 --ar_iters 750 "
+                                   "--lr 6e-3",
+    "s1_muon_W128_b64_1000_lr6e-3_wsd": f"--preset cpu --stage ar {M} --batch_size 64 "
+                                        "--ar_iters 1000 --lr 6e-3 --schedule wsd",
+    "s1_muon_W192_1000": "--preset cpu --stage ar --n_embd 192 --optimizer muon --ar_iters 1000 "
+                         "--lr 3e-3",
+    # both stages
+    "full_muon_W128_b64_1400_500_lr6e-3_wsd": f"--preset cpu {M} --batch_size 64 --ar_iters 1400 "
+                                              "--mars_iters 500 --lr 6e-3 --mars_lr 6e-3 "
+                                              "--schedule wsd",
+    "course_muon_W128_f6_800_400_wsd": f"--preset course {M} --ar_iters 800 --mars_iters 400 "
+                                       "--lr 3e-3 --mars_lr 3e-3 --schedule wsd",
 }
 
 
 def machine():
-    """What a time means: the CPU's name and the kernels torch runs on it."""
-    import torch
-    name = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
-                platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    return {"cpu": name, "cores": os.cpu_count(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "torch": torch.__version__}
+    """What a time means: the CPU's name, its cores, the kernels torch runs on it, and the
+    precision train.py's rule picks there."""
+    name = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                     if line.startswith("model name")), name)
+    return {"cpu": name, "cores": os.cpu_count(), "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "precision_rule": train.precision_rule("cpu")}
 
 
-def score(out_dir, limit=300):
-    """The candidate's MARS checkpoint on the validation prompts, greedy, at tau 1.0 and 0.9."""
-    import data
-    import train
-    from checkpoint import load_checkpoint, model_from_checkpoint
-    ckpt = load_checkpoint(os.path.join(out_dir, "mars.pt"), "cpu")
-    cfg = ckpt["train_config"]
-    val = data.splits_of(cfg)["val"][:limit]
-    model, tok = model_from_checkpoint(ckpt, "cpu")
-    return {f"mars_tau{tau}": train.evaluate(model, tok, val, B=ckpt["mars"]["B"], tau=tau) for tau in (1.0, 0.9)}
+def score(out_dir, limit):
+    """A MARS checkpoint on the first `limit` validation prompts, greedy, at three thresholds."""
+    ckpt = load_checkpoint(os.path.join(out_dir, "mars.pt"))
+    val = data.splits_of(ckpt["train_config"])["val"][:limit]
+    model, tok = model_from_checkpoint(ckpt)
+    return {f"mars_tau{tau}": train.evaluate(model, tok, val, B=ckpt["mars"]["B"], tau=tau)
+            for tau in (1.0, 0.95, 0.9)}
 
 
-def run(name, flags, root):
+def run(name, flags, root, limit=VAL):
+    """Train one candidate alone and time the whole command; its validation figures."""
     out_dir = os.path.join(root, name)
-    cmd = f"python train.py --preset cpu {flags} {COMMON}"
+    cmd = f"python train.py {flags} --summary_limit {limit} {QUIET} --precision float32"
     t0 = time.time()
     subprocess.run(f"{cmd} --out_dir {out_dir}", shell=True, check=True, capture_output=True)
-    rec = {"name": name, "command": cmd, "wall_s": round(time.time() - t0, 1)}
-    logs = {s: json.load(open(os.path.join(out_dir, f"{s}_log.json"))) for s in ("ar", "mars")}
-    rec["stage_seconds"] = {s: h[-1]["stage_seconds"] for s, h in logs.items()}
-    rec["ar_val"] = {"accuracy": logs["ar"][-1]["val_accuracy"], "per_task": logs["ar"][-1]["val_per_task"]}
-    rec["precision"] = logs["ar"][-1]["precision"]
-    rec["test_summary"] = json.load(open(os.path.join(out_dir, "summary.json")))
-    return {**rec, **score(out_dir)}
+    rec = {"name": name, "command": cmd, "wall_s": round(time.time() - t0, 1),
+           "machine": machine()}
+    stages = ["ar", "mars"] if "--stage" not in flags else [flags.split("--stage ")[1].split()[0]]
+    for s in stages:
+        last = json.load(open(os.path.join(out_dir, f"{s}_log.json")))[-1]
+        rec[f"{s}_val"] = {"accuracy": last["val_accuracy"], "per_task": last["val_per_task"],
+                           "seconds": last["stage_seconds"], "val_loss": last.get("val_loss")}
+    if "mars" in stages:
+        rec.update(score(out_dir, limit))
+    return rec
 
 
 def plot(path):
-    """Minutes against AR SFT's validation accuracy and MARS's tokens per forward at tau 0.9."""
+    """Minutes against validation accuracy (AR SFT) and tokens per forward at tau 0.95."""
     from matplotlib.figure import Figure
     d = json.load(open(path))
-    rows = d["candidates"]
     fig = Figure(figsize=(11, 4))
     a1, a2 = fig.subplots(1, 2)
-    for r in rows:
-        m = r["wall_s"] / 60
-        chosen = r["name"] == d.get("chosen")
-        kw = dict(marker="*" if chosen else "o", s=160 if chosen else 40, color="C3" if chosen else "C0")
-        if "NOT an idle" in r.get("timing_note", ""):  # its seconds were shared with other jobs: hollow
-            kw.update(facecolors="none", edgecolors="C0")
+    for r in d["candidates"]:
+        m, chosen = r["wall_s"] / 60, r["name"] == d.get("chosen")
+        kw = dict(marker="*" if chosen else "o", s=160 if chosen else 40,
+                  color="C3" if chosen else "C0" if "mars_tau0.95" in r else "C2")
         a1.scatter(m, r["ar_val"]["accuracy"], **kw)
-        a2.scatter(m, r["mars_tau0.9"]["tokens_per_forward"], **kw)
-        for a, y in ((a1, r["ar_val"]["accuracy"]), (a2, r["mars_tau0.9"]["tokens_per_forward"])):
-            a.annotate(r["name"], (m, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    ref = d.get("default_run") or {}  # added by hand: the default run's own figures (its source named)
+        a1.annotate(r["name"], (m, r["ar_val"]["accuracy"]), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
+        if "mars_tau0.95" in r:
+            a2.scatter(m, r["mars_tau0.95"]["tokens_per_forward"], **kw)
+            a2.annotate(r["name"], (m, r["mars_tau0.95"]["tokens_per_forward"]), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")
+    ref = d.get("old_default_run")
     if ref:
         a1.scatter(ref["minutes"], ref["ar_accuracy"], marker="s", color="k", label=ref["label"])
-        a2.scatter(ref["minutes"], ref["mars_tau0.9_tokens_per_forward"], marker="s", color="k", label=ref["label"])
-    a1.set(xlabel="minutes (python train.py, whole run)", ylabel="AR SFT accuracy (validation; default: test)",
-           title="quality of stage 1")
-    a2.set(xlabel="minutes (python train.py, whole run)", ylabel="tokens per forward at tau = 0.9",
-           title="MARS speed-up")
-    for a in (a1, a2):
-        a.set_xscale("log")
-        a.set_xticks([1.5, 2, 3, 4, 6, 10, 16], ["1.5", "2", "3", "4", "6", "10", "16"])
-        a.minorticks_off()
-        a.legend(fontsize=7, loc="center right", title="hollow: timed beside other jobs", title_fontsize=7)
-    fig.suptitle(f"course-run search: {d['machine']['cpu']}, {d['machine']['cores']} cores, "
-                 f"{d['machine']['cpu_capability']} (star: the course preset)", fontsize=9)
+        a2.scatter(ref["minutes"], ref["tokens_per_forward_tau0.95"], marker="s", color="k",
+                   label=ref["label"])
+        a1.legend(fontsize=7)
+    a1.set(xlabel="minutes, whole command (stage-1 screens: stage 1 only, green)",
+           ylabel="AR SFT accuracy, validation", title="stage 1")
+    a2.set(xlabel="minutes, whole command", ylabel="tokens per forward at tau = 0.95",
+           title="MARS")
+    fig.suptitle(f"{d['machine']['cpu']}, {d['machine']['cores']} cores, "
+                 f"{d['machine']['cpu_capability']} (star: chosen)", fontsize=9)
     out = os.path.splitext(path)[0] + ".png"
     fig.savefig(out, dpi=110, bbox_inches="tight")
     print(f"wrote {out}")
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", help="run every candidate and write the search here (JSON)")
-    p.add_argument("--runs", default="out/course_search", help="where the candidates train (default "
-                                                                "out/course_search)")
-    p.add_argument("--plot", help="draw the trade-off of a search JSON, beside it (.png)")
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", help="comma-separated candidate names (default: all not yet in --out)")
+    p.add_argument("--out", help="run the candidates and write (append to) this JSON")
+    p.add_argument("--runs", default="out/search", help="where candidates train (default out/search)")
+    p.add_argument("--plot", help="draw a search JSON's trade-off beside it (.png)")
     args = p.parse_args()
     if not (args.out or args.plot):
-        p.error("give --out (run the search) or --plot (draw one)")
+        p.error("give --out (run a search) or --plot (draw one)")
     if args.out:
-        rows = []
+        d = json.load(open(args.out)) if os.path.exists(args.out) else {"candidates": []}
+        d["machine"] = machine()
         for name, flags in CANDIDATES.items():
-            rows.append(run(name, flags, args.runs))
-            print(f"{name}: {rows[-1]['wall_s']} s", file=sys.stderr)
-        with open(args.out, "w") as f:
-            json.dump({"machine": machine(), "candidates": rows}, f, indent=1)
+            done = any(r["name"] == name for r in d["candidates"])
+            if done or (args.only and name not in args.only.split(",")):
+                continue
+            d["candidates"].append(run(name, flags, args.runs))
+            print(f"{name}: {d['candidates'][-1]['wall_s']} s", file=sys.stderr, flush=True)
+            with open(args.out, "w") as f:
+                json.dump(d, f, indent=1)
     if args.plot:
         plot(args.plot)
 

@@ -4,7 +4,7 @@ native bf16 (AVX512-BF16, AMX) SmolLM2-135M's forward of one token after a 20-to
 against 37.1 ms in float32, and a window of 4 tokens 1.06x one token in bf16 against 1.47x in float32 (issue 52);
 a CPU without it runs bf16 many times slower. So it is timed, not assumed: a cached forward of 1 and of B + 1
 tokens (a MARS window and one more) in both dtypes, bf16 where it takes at most precision.BF16_MARGIN of float32's
-time. A GPU with native bf16 decodes in bf16 unprobed, as it trains (precision.with_bf16).
+time. A GPU with native bf16 decodes in bf16 unprobed, as train.py trains there (train.precision_rule).
 """
 import copy
 import time

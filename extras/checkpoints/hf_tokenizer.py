@@ -1,6 +1,7 @@
-"""Hugging Face tokenizers as tokenizer.Tokenizer: a byte-level BPE tokenizer.json (Qwen2,
-Llama 3) becomes tiktoken ranks, its Split regex and its normaliser, and the model's own Jinja
-chat template renders prompts as transformers' apply_chat_template does. to_hf writes ours back.
+"""Hugging Face tokenizers as HFTokenizer, a tokenizer.Tokenizer: a byte-level BPE tokenizer.json
+(Qwen2, Llama 3) becomes tiktoken ranks, its Split regex, its normaliser and its added tokens, and
+the model's own Jinja chat template renders prompts as transformers' apply_chat_template does.
+to_hf writes ours back; tokenizer_from_state reads any checkpoint's tokenizer.
 
 A chat template is code that came with a download, so it renders in jinja2's sandbox within
 limits (JinjaChat): every failure is one ChatTemplateError (a ValueError), "chat template: ...".
@@ -11,13 +12,15 @@ import json
 import math
 import threading
 import time
+import unicodedata
 
 import jinja2
+import regex
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-from tokenizer import MAX_CHARS, TOY_TEMPLATE, Tokenizer
+from tokenizer import MARK, MAX_CHARS, TOY_TEMPLATE, Tokenizer
 
 # GPT-2's pattern: a ByteLevel pre-tokenizer with use_regex splits with it
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -175,6 +178,74 @@ class JinjaChat:
         return "".join(out)
 
 
+def encode_dropping(enc, pattern, tokenless, text):
+    """The ids of text with a byte that has no token (tiktoken panics on one): each piece of the split
+    pattern loses such bytes before BPE, as Hugging Face's BPE drops a symbol it has no token for (its
+    neighbours may then merge). `regex`, tiktoken's own dependency, splits as tiktoken's Rust code does."""
+    ids = []
+    for piece in regex.findall(pattern, text):
+        kept = bytes(b for b in piece.encode("utf-8", "surrogatepass") if b not in tokenless)
+        ids += enc._encode_single_piece(kept) if kept else []  # one piece: no second split
+    return ids
+
+
+class HFTokenizer(Tokenizer):
+    """A real model's tokenizer: Tokenizer with what a tokenizer.json may add (added tokens that
+    are not special, e.g. Qwen's <tool_call>, matched in plain text as Hugging Face matches them;
+    a Unicode normal form; bytes with no token) and a Jinja chat renderer, whose end of turn is
+    found by rendering and whose output is checked."""
+
+    def __init__(self, pattern, ranks, specials, ordinary=None, normalizer=None, chat=None):
+        self.ordinary, self.normalizer = ordinary or {}, normalizer
+        self.tokenless = set(range(256)) - {b[0] for b in ranks if len(b) == 1}  # tiktoken panics on these
+        super().__init__(pattern, ranks, specials, chat)
+
+    def end_of_turn(self):
+        """The first special token the chat writes after an assistant's text."""
+        probe = "Probe" + MARK
+        text = self.chat([{"role": "user", "content": "u"}, {"role": "assistant", "content": probe}])
+        end = self.split.search(text, text.index(probe) + len(probe)) if probe in text else None
+        if end is None:
+            raise ValueError("the chat template ends an assistant turn with no special token")
+        return self.specials[end.group()]
+
+    def state(self):
+        return {**super().state(), "ordinary": self.ordinary, "normalizer": self.normalizer,
+                "template_vars": dict(self.chat.variables)}
+
+    @classmethod
+    def from_state(cls, state, chat=None):
+        """chat: default the state's own template, rendered by JinjaChat."""
+        ranks = {bytes.fromhex(t): i for i, t in enumerate(state["tokens"]) if t}
+        chat = chat or JinjaChat(state.get("chat_template", TOY_TEMPLATE), state.get("template_vars"))
+        return cls(state["pattern"], ranks, state.get("specials"), state.get("ordinary"),
+                   state.get("normalizer"), chat)
+
+    def encode(self, text):
+        if self.normalizer:
+            text = unicodedata.normalize(self.normalizer, text)
+        return super().encode(text)
+
+    def bpe(self, text):
+        if self.tokenless and not self.tokenless.isdisjoint(text.encode("utf-8", "surrogatepass")):
+            return encode_dropping(self.enc, self.pattern, self.tokenless, text)
+        if self.ordinary:
+            return self.enc.encode(text, allowed_special=set(self.ordinary), disallowed_special=())
+        return super().bpe(text)
+
+    def example_ids(self, prompt, response):
+        """(ids, n_prompt), as Tokenizer's, from a template that renders the prompt as the start of the
+        conversation and ends the assistant's turn with its end of turn."""
+        msgs = self.messages(prompt, response)
+        head, full = self.chat(msgs[:-1], add_generation_prompt=True), self.chat(msgs)
+        if not full.startswith(head):
+            raise ValueError("the chat template does not render the prompt as the start of the conversation")
+        p, rest = self.chat_ids(head), self.chat_ids(full[len(head):])
+        if self.eot not in rest:
+            raise ValueError("the chat template ends the assistant's turn without its end of turn")
+        return p + rest[:rest.index(self.eot) + 1], len(p)
+
+
 def byte_alphabet():
     """GPT-2's printable character for each byte: how byte-level BPE vocabularies spell tokens."""
     keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
@@ -272,14 +343,15 @@ def from_hf(tokenizer_json, tokenizer_config, chat_template=None, n_rows=None):
         template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}.get("default")
     if not template:
         raise ValueError("no chat template (tokenizer_config.json or chat_template.jinja): use an instruct model")
-    return Tokenizer(pattern, ranks, specials, ordinary, forms[0] if forms else None, JinjaChat(template, variables))
+    return HFTokenizer(pattern, ranks, specials, ordinary, forms[0] if forms else None,
+                       JinjaChat(template, variables))
 
 
 def tokenizer_from_state(state):
-    """Tokenizer.from_state with the state's own chat renderer: JinjaChat for a template other than the toy's."""
-    template = state.get("chat_template", TOY_TEMPLATE)
-    chat = None if template == TOY_TEMPLATE else JinjaChat(template, state.get("template_vars"))
-    return Tokenizer.from_state(state, chat)
+    """A checkpoint's tokenizer: the toy's (tokenizer.Tokenizer) or a real model's (HFTokenizer)."""
+    real = state.get("chat_template", TOY_TEMPLATE) != TOY_TEMPLATE
+    real = real or state.get("ordinary") or state.get("normalizer")
+    return HFTokenizer.from_state(state) if real else Tokenizer.from_state(state)
 
 
 def to_hf(tok, pad):

@@ -1,15 +1,15 @@
 """The batched engine: the paper's decoding loop (sample.generate) with the tools beyond it.
 
 sample.generate is the paper's loop, written to be read; this is the same loop for requests that join and
-leave, as sample.py's engine flags, extras.bench.eval and extras.serving.serve run it (tests check that both
-commit the same tokens in the same forwards). It reuses the loop's small rules (mars.banned, through_eot,
-cache_slots) and adds: ragged rows (a KV-cache length per batch row, windows right-padded); requests joining
-before a forward and leaving after it, each with its own tau and budget; three caches: none (the reference),
-sliding (keep the committed prefix, drop the masks after each forward) and the paper's block-level cache;
-lossless decoding and masks="auto" (as many masks as pay for what they cost, cost.py), both beyond the paper;
-a trace of what each forward fed, predicted and committed. On CUDA a greedy step replays a CUDA graph of its
-fixed shapes over a static KV cache (CudaGraphs, static_cache.py), committing what the eager step commits; on
-a CPU the step runs eagerly, as it always has.
+leave, as `python -m extras.engine` (__main__.py), extras.bench.eval and extras.serving.serve run it (tests
+check that both commit the same tokens in the same forwards). It reuses the loop's small rules (mars.banned,
+through_eot, cache_slots) and adds: ragged rows (a KV-cache length per batch row, windows right-padded);
+requests joining before a forward and leaving after it, each with its own tau and budget; three caches: none
+(the reference), sliding (keep the committed prefix, drop the masks after each forward) and the paper's
+block-level cache; lossless decoding and masks="auto" (as many masks as pay for what they cost, cost.py), both
+beyond the paper; a trace of what each forward fed, predicted and committed. On CUDA a greedy step replays a
+CUDA graph of its fixed shapes over a static KV cache (CudaGraphs, static_cache.py), committing what the eager
+step commits; on a CPU the step runs eagerly, as it always has.
 """
 import math
 import time
@@ -22,7 +22,8 @@ import torch
 import data
 import mars
 from extras.engine.static_cache import StaticKVCache
-from model import check_room
+from model import KVCache
+from sample import check_room
 
 CACHE_MODES = ("none", "sliding", "block")
 MASK_MODES = ("fixed", "auto")  # auto: cost.py, imported only for it
@@ -107,14 +108,14 @@ def logits_at(model, ids, at, **forward):
 
 
 # ---------------------------------------------------------------------------
-# Beyond the paper's greedy rule: the tools of sample.py's flags, extras.bench.eval and the servers
+# Beyond the paper's greedy rule: the tools of the engine's flags, extras.bench.eval and the servers
 
-METRICS = ("prob", "entropy", "margin")  # the confidences sample.py --metric offers, extras.bench.eval sweeps
+METRICS = ("prob", "entropy", "margin")  # the confidences --metric offers, extras.bench.eval sweeps
 
 
 def choose(logits, temperature=0.0, metric="prob", generator=None):
     """mars.choose (the paper's greedy rule, argmax and its probability) unless a tool asks for more: a token drawn
-    at temperature > 0 (sample.py --temperature, the server), or another confidence metric (--metric)."""
+    at temperature > 0 (--temperature, the server), or another confidence metric (--metric)."""
     if temperature == 0 and metric == "prob":
         return mars.choose(logits)
     logits = logits.float()
@@ -171,8 +172,20 @@ def lossless_commit(preds, drafts):
 
 
 def kv_slots(longest, B, cache, B_cache):
-    """mars.cache_slots for a cache mode: the block cache's span is B_cache (under masks="auto" it slides)."""
-    return mars.cache_slots(longest, B, B_cache if cache == "block" else 0)
+    """KV-cache slots a row can need in a cache mode: mars.cache_slots; with the block cache, room for a window of
+    B_cache + 1 positions (a span and the token before it) if wider (under masks="auto" it slides)."""
+    slots = mars.cache_slots(longest, B)
+    return max(slots, longest + B_cache) if cache == "block" else slots
+
+
+class JoinKVCache(KVCache):
+    """model.KVCache whose batch grows: requests join a running batch."""
+
+    def add_rows(self, n):
+        """Append n empty rows."""
+        empty = self.k.new_zeros(self.k.shape[0], n, *self.k.shape[2:])
+        self.k, self.v = torch.cat([self.k, empty], dim=1), torch.cat([self.v, empty], dim=1)
+        self.lengths = self.lengths + [0] * n
 
 
 @dataclass
@@ -218,7 +231,7 @@ class Engine:
             raise ValueError(f"cache: one of {CACHE_MODES}, masks: one of {MASK_MODES}, graphs: one of {GRAPH_MODES}")
         self.model, self.eot_id, self.mask_id, self.B = model, eot_id, mask_id, B
         self.max_batch, self.max_new_tokens, self.trace = max_batch, max_new_tokens, trace
-        self.max_accept = max_accept  # a cap on the tokens a forward commits: a tool (sample.py --max_accept)
+        self.max_accept = max_accept  # a cap on the tokens a forward commits: a tool (--max_accept)
         self.sampling = dict(temperature=temperature, metric=metric, n_vocab=n_vocab)
         # masks="auto" (beyond the paper) writes at every forward: a committed token's K/V will not change (causal
         # attention), and keeping it out only feeds it again; so under auto the block cache is the sliding cache.
@@ -229,7 +242,9 @@ class Engine:
         # CUDA graphs by default on CUDA, with a cache (masks="auto" sizes its windows on the eager step's profile)
         graphs = graphs or ("captured" if model.wte.weight.is_cuda and masks == "fixed" else "off")
         self.graphs = None if cache == "none" or graphs == "off" else lend_graphs(self, slots, graphs == "compiled")
-        self.kv = None if cache == "none" else self.graphs.cache if self.graphs else model.new_cache(0, slots)
+        p = model.wte.weight
+        self.kv = (None if cache == "none" else self.graphs.cache if self.graphs
+                   else JoinKVCache(model.config, 0, slots, p.dtype, p.device))
         self.waiting, self.running, self.forwards = deque(), [], 0
         self.auto = None
         if masks == "auto" and B > 1:  # t(batch, width)
@@ -365,41 +380,15 @@ def generate_batch(model, prompts, eot_id, mask_id, *, B=1, tau=1.0, cache="slid
     return requests
 
 
-def decode_examples(model, tok, examples, batch_size=64, **decode):
-    """Yields (example, its finished Request, whether it is right: None without an "answer"), decoding batch_size
-    prompts at a time: sample.py's route where a flag needs the engine. decode goes to generate_batch."""
+def decode_examples(model, tok, examples, batch_size=64, check=data.check, **decode):
+    """Yields (example, its finished Request, whether it is right by check: None without an "answer"), decoding
+    batch_size prompts at a time (python -m extras.engine, extras.bench.eval). decode goes to generate_batch."""
     for i in range(0, len(examples), batch_size):
         batch = examples[i:i + batch_size]
         gens = generate_batch(model, [tok.prompt_ids(e["prompt"]) for e in batch], tok.eot, tok.mask,
                               **{"n_vocab": tok.n_vocab, **decode})  # never an id past the tokenizer
         for e, g in zip(batch, gens):
-            yield e, g, data.check(e, tok.answer(g.tokens)) if "answer" in e else None
-
-
-# ---------------------------------------------------------------------------
-# sample.py's route to the engine, taken where one of its engine flags is given (sample.ENGINE_FLAGS)
-
-def check_flags(args):
-    """What is wrong with sample.py's engine flags (ValueError: one line), if they cannot run or not together."""
-    if args.metric not in METRICS:
-        raise ValueError(f"--metric: choose from {', '.join(METRICS)}, not {args.metric!r}")
-    if args.temperature < 0:
-        raise ValueError("--temperature must be >= 0")
-    if args.ar and args.lossless:
-        raise ValueError("--ar and --lossless decode differently; choose one")
-    if args.lossless and args.temperature > 0:
-        raise ValueError("--lossless is greedy: it reproduces --ar exactly, so --temperature does not apply")
-
-
-def route(args, model, tok, B):
-    """sample.py's engine route (sample.engine_decode): its label (which decodes, and why), and
-    decode(examples, tau) as decode_examples; flags that cannot run are refused first."""
-    check_flags(args)
-    options = dict(B=B, cache=args.cache, B_cache=args.B_cache, lossless=args.lossless, metric=args.metric,
-                   temperature=args.temperature, max_accept=args.max_accept, max_new_tokens=args.max_new_tokens,
-                   masks=args.masks)
-    label = {"route": "engine", "why": f"sample.generate does not take {', '.join(args.engine_flags)}"}
-    return label, lambda examples, tau: decode_examples(model, tok, examples, args.batch_size, tau=tau, **options)
+            yield e, g, check(e, tok.answer(g.tokens)) if "answer" in e else None
 
 
 # ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The real-model run: self-distillation of a base model's own answers, their evaluation with checkers and a
-control, checkpoint snapshots; train.py's options beyond the paper (options.py, its hook
-train.beyond_the_paper) and soft targets (teacher.py). May import the root (common's loader), the engine
-and bench; chunked_ce.py is the real-model loss in chunks that training's hook calls.
+"""Training beyond the paper and the real-model run: python -m extras.real.train (train.py's loop
+with a Stage subclass: real models, the hf preset, the ablations in options.py, soft targets in
+teacher.py, the chunked loss in chunked_ce.py), self-distillation of a base model's own answers,
+their evaluation with checkers and a control, checkpoint snapshots. May import the root, the engine,
+bench and checkpoints.
 """

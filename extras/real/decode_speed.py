@@ -20,10 +20,11 @@ import sys
 
 import torch
 
-from common import UserError, check_device, load_checkpoint, model_from_checkpoint
+from common import UserError, build_model, check_device
 from common import Parser, add_device, run_cli, threshold
 from extras.bench.eval import machine, read_prompts
 from extras.bench import decode_dtype
+from extras.checkpoints import foreign
 from extras.real import eval as real_eval
 from extras.real.distill import prompt_sets
 
@@ -96,13 +97,14 @@ def main(argv=None):
     command = shlex.join(["python", "-m", "extras.real.decode_speed", *(sys.argv[1:] if argv is None else argv)])
     n = max(args.n1, args.n8)
     examples = read_prompts(args.heldout, n) if args.heldout else prompt_sets(0, 0, n, {"check": 1.0}, 0)["heldout"]
-    base, tok = model_from_checkpoint(load_checkpoint(args.base, args.device), args.device)
+    _, base, tok = foreign.load(args.base, args.device)
     mars_model, B = base.eval(), args.B
     if args.mars_ckpt:
-        ckpt = load_checkpoint(args.mars_ckpt, args.device)
+        ckpt = foreign.read_checkpoint(args.mars_ckpt, args.device)
         if "mars" not in ckpt:
-            raise UserError(f"{args.mars_ckpt} is not a MARS checkpoint (train.py --stage mars writes one)")
-        mars_model, B = model_from_checkpoint(ckpt, args.device)[0].eval(), ckpt["mars"]["B"]
+            raise UserError(f"{args.mars_ckpt} is not a MARS checkpoint (python -m "
+                            "extras.real.train --stage mars writes one)")
+        mars_model, B = build_model(ckpt, args.device).eval(), ckpt["mars"]["B"]
     dtype, why = decode_dtype.choose(base, B, args.decode_dtype)
     print(f"decoding in {dtype}: {why['reason']}", flush=True)
     costs = window_costs(base)

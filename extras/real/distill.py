@@ -41,9 +41,10 @@ import torch
 
 import data
 from extras.engine import engine
-from common import UserError, load_checkpoint, model_from_checkpoint
+from common import UserError
 from common import Parser, add_device, run_cli
 from extras.bench.eval import machine
+from extras.checkpoints import foreign
 from extras.real import checks
 from extras.real.words import A_NOUN, A_PLACE, ACTIVITIES, ADJECTIVES, TOPICS
 
@@ -319,7 +320,7 @@ def main(argv=None):
         print(f"{args.heldout_self}: {len(own['heldout'])} held-out self-written requests")
         for name in ("val", "train"):
             sets[name] += own[name]
-    model, tok = model_from_checkpoint(load_checkpoint(args.ckpt, args.device), args.device)
+    _, model, tok = foreign.load(args.ckpt, args.device)
     prompts = [{**p, "split": name} for name in ("val", "train") for p in sets[name]]
     try:
         records = distill(model.eval(), tok, prompts, args.out + ".partial", args.batch, args.max_new_tokens)

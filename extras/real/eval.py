@@ -40,9 +40,9 @@ import torch
 import data
 import mars
 from extras.engine import engine
-from common import UserError, load_checkpoint, model_from_checkpoint
+from common import UserError, build_model
 from common import Parser, add_device, run_cli, threshold
-from train import Config, schedule_of
+from extras.checkpoints import foreign
 from extras.bench.stats import wilson
 from extras.bench import decode_dtype
 from extras.real import checks
@@ -182,8 +182,8 @@ def trend(base, tok, examples, prompts, base_runs, paths, args, B):
     points = [{"step": 0, **scores(examples, base_runs, decode(base, tok, prompts, [d], args, B)[name(d)], tok),
                "ar_agreement": 1.0}]
     for path in paths:
-        ckpt = load_checkpoint(path, args.device)
-        model = model_from_checkpoint(ckpt, args.device, base.wte.weight.dtype)[0].eval()
+        ckpt = foreign.read_checkpoint(path, args.device)
+        model = build_model(ckpt, args.device, base.wte.weight.dtype).eval()
         runs = decode(model, tok, prompts, [d], args, B)[name(d)]
         points.append({"step": ckpt["iter"], "path": path, **scores(examples, base_runs, runs, tok),
                        "ar_agreement": ar_agreement(model, tok, prompts, base_runs)})
@@ -272,7 +272,12 @@ def report(result):
 def training(ckpt):
     """What the result records of the training run: its steps, time, recipe and validation losses."""
     config, history = ckpt["train_config"], ckpt.get("history") or [{}]
-    batch, steps, lr = schedule_of(Config(**config), ckpt["stage"])  # the hf preset's follow the data
+    # the stage's own numbers: the hf preset fits them to the data and records them in train_config;
+    # older checkpoints kept the fitted ones under "schedule"
+    fitted = (config.get("schedule") or {}).get(ckpt["stage"]) if isinstance(config.get("schedule"), dict) else None
+    batch, steps, lr = ((fitted["batch_size"], fitted["steps"], fitted["lr"]) if fitted else
+                        (config["batch_size"], config["mars_iters"] if ckpt["stage"] != "ar" else config["ar_iters"],
+                         config["mars_lr"] if ckpt["stage"] != "ar" else config["lr"]))
     return {"steps": ckpt["iter"], "seconds": history[-1].get("elapsed_s"),
             "validation": [{k: round(h[k], 4) if k != "iter" else h[k] for k in ("iter", "val_loss", "val_noisy",
                             "val_clean") if k in h} for h in history if "val_loss" in h],
@@ -296,7 +301,7 @@ class Clock:
 def control_rows(ckpt, tok, examples, prompts, base_runs, args, dtype):
     """The AR control (train.py --stage control: the same data and schedule, the AR loss alone), scored as the
     base is: what any fine-tune of this length costs, MARS aside."""
-    model = model_from_checkpoint(ckpt, args.device, getattr(torch, dtype))[0].eval()
+    model = build_model(ckpt, args.device, getattr(torch, dtype)).eval()
     runs = decode(model, tok, prompts, [AR], args)[name(AR)]
     return [{"decoder": "control AR", **scores(examples, base_runs, runs, tok),
              "ar_agreement": ar_agreement(model, tok, prompts, base_runs)}]
@@ -307,11 +312,11 @@ def main(argv=None):
     args, clock = get_args(argv), Clock()
     command = shlex.join(["python", "-m", "extras.real.eval", *(sys.argv[1:] if argv is None else argv)])
     examples = read_prompts(args.heldout, args.n)
-    ckpt = load_checkpoint(args.ckpt, args.device)
+    ckpt = foreign.read_checkpoint(args.ckpt, args.device)
     if "mars" not in ckpt:
         raise UserError(f"{args.ckpt} is not a MARS checkpoint (train.py --stage mars writes one)")
-    base, tok = model_from_checkpoint(load_checkpoint(args.base, args.device), args.device)
-    mars_model, B = model_from_checkpoint(ckpt, args.device)[0].eval(), ckpt["mars"]["B"]
+    _, base, tok = foreign.load(args.base, args.device)
+    mars_model, B = build_model(ckpt, args.device).eval(), ckpt["mars"]["B"]
     dtype, why = decode_dtype.choose(base.eval(), B, args.decode_dtype)
     print(f"decoding in {dtype}: {why['reason']}", flush=True)
     base, mars_model = decode_dtype.cast([base, mars_model], dtype)
@@ -320,7 +325,7 @@ def main(argv=None):
     print(f"sweep: {len(prompts)} prompts, base AR, then MARS at {args.thresholds} and lossless", flush=True)
     base_runs = decode(base, tok, prompts, [AR], args)[name(AR)]
     clock.lap("base")
-    control_ckpt = load_checkpoint(args.control, args.device) if args.control else None
+    control_ckpt = foreign.read_checkpoint(args.control, args.device) if args.control else None
     control = control_rows(control_ckpt, tok, examples, prompts, base_runs, args, dtype) if control_ckpt else []
     clock.lap("control")
     runs = decode(mars_model, tok, prompts, [{"tau": t} for t in args.thresholds] + [LOSSLESS], args, B)

@@ -9,9 +9,10 @@ Phases, each a command of its own (printed before it runs, so any can be rerun a
   1. python -m extras.real.self_prompts: requests the base model writes itself (skipped with --self_prompts FILE);
   2. python -m extras.real.distill: its greedy answers to them and to the template prompts; held-out checkable
      instructions and a held-out slice of the self-written requests, never trained on;
-  3. train.py --stage mars from the base on those answers, with the recipe's levers (PRESETS, chosen on validation
-     prompts: docs/levers_smollm2_cpu.json);
-  4. train.py --stage control: the AR loss alone on the same data and schedule, the like-for-like control;
+  3. python -m extras.real.train --stage mars from the base on those answers, with the recipe's levers
+     (LEVERS, chosen on validation prompts: docs/levers_smollm2_cpu.json);
+  4. python -m extras.real.train --stage control: the AR loss alone on the same data and schedule, the
+     like-for-like control;
   5. python -m extras.real.eval, twice: on the held-out checkable instructions (quality, fidelity, speed against
      the base and the control) and on the held-out self-written requests (tokens per forward and fidelity on the
      model's own distribution).
@@ -32,8 +33,9 @@ import subprocess
 import sys
 import time
 
-from common import UserError, check_device, starts_from_hf
+from common import UserError, check_device
 from common import Parser, add_device, run_cli
+from extras.real.train import starts_from_real
 
 # Rows of 512 tokens at most. SmolLM2 answers its own requests at length: at a budget of 128 tokens, 296 of 400
 # answers were cut off on the CPU (docs/distill_self_smollm2_cpu.json), so the gpu preset gives 256. Its sizes take
@@ -49,8 +51,9 @@ PRESETS = {
                   max_new_tokens=8,
                   steps=4, batch_size=4, micro_batch=4, sample_batch=4, answer_batch=4, eval_n=0),
 }
-# the recipe's levers over train.py's hf preset, chosen on validation prompts (docs/levers_smollm2_cpu.json): lr 2e-4
-# taught the masks most, and soft targets kept the agreement with the base that this lr costs with hard ones
+# the recipe's levers over the hf preset (extras/real/train.py), chosen on validation prompts
+# (docs/levers_smollm2_cpu.json): lr 2e-4 taught the masks most, and soft targets kept the
+# agreement with the base that this lr costs with hard ones
 LEVERS = ["--mars_lr", "2e-4", "--mask_row", "mean", "--targets", "soft", "--warmup", "0.1"]
 TOY_LEVERS = [a for a in LEVERS if a not in ("--mask_row", "mean")]  # a toy base (--preset small) learns its row
 WEIGHTS = {"self_prompts": 1.0, "distill": 2.0, "mars": 4.0, "control": 3.0, "eval": 2.0}  # for the ETA only
@@ -134,10 +137,11 @@ def phases(args, c):
     requests, data, mars, control = args.self_prompts or at("self_prompts.jsonl"), at("distilled.jsonl"), \
         at("mars", "mars.pt"), at("control", "control.pt")
     sizes = lambda *keys: [a for k in keys for a in (f"--{k}", str(c[k]))]  # noqa: E731
-    train = [*py, "train.py", "--init_from", args.base, "--data", data, "--max_seq_len", "512", "--batch_size",
-             str(c["batch_size"]), "--micro_batch", str(c["micro_batch"]), "--mars_iters", str(c["steps"]),
+    train = [*py, "-m", "extras.real.train", "--init_from", args.base, "--data", data,
+             "--max_seq_len", "512", "--batch_size", str(c["batch_size"]),
+             "--micro_batch", str(c["micro_batch"]), "--mars_iters", str(c["steps"]),
              "--eval_every", str(every), "--save_every", str(every), "--summary_limit", "0",
-             *(LEVERS if starts_from_hf(args.base) else TOY_LEVERS), *dev]
+             *(LEVERS if starts_from_real(args.base) else TOY_LEVERS), *dev]
     evaluate = [*py, "-m", "extras.real.eval", "--base", args.base, "--ckpt", mars, "--control", control,
                 "--max_new_tokens", str(c["max_new_tokens"]), "--thresholds", "1.0", "0.95", "0.9", *dev]
     kept = sorted(glob.glob(at("mars", "mars_step*.pt")))  # kept by extras.real.snapshots; eval sorts by step

@@ -1,10 +1,15 @@
-"""A user's JSONL beyond the toy's {"prompt", "response"}: conversations ({"messages": [...]}, rendered by the
-model's chat template) and records to evaluate ({"prompt", "answer"}, GSM8K's "... #### 72"), with the checker of
-a numeric answer (GSM8K chain-of-thought style). data.read_record and data.check reach this module lazily, only
-for such a record.
+"""A user's JSONL beyond the toy's {"prompt", "response"}: conversations ({"messages": [...]},
+rendered by the model's chat template) and records to evaluate ({"prompt", "answer"}, GSM8K's
+"... #### 72"), with the checker of a numeric answer (GSM8K chain-of-thought style). The tools
+of extras/ hand read_record and check to data's functions:
+
+    data.load_splits(path, seed, n_train, read=records.read_record)
+    train.evaluate(model, tok, examples, check=records.check)
 """
 import decimal
 import re
+
+import data
 
 # A number as GSM8K chain-of-thought answers write it: sign, optional $, digits with commas, decimals
 NUMBER = r"-?\$?\d[\d,]*(?:\.\d+)?"
@@ -27,11 +32,18 @@ def same_number(response, answer):
     return final_number(response) is not None and final_number(response) == final_number(answer)
 
 
+def check(example, response):
+    """data.check, and task "number" (a numeric answer to evaluate): the final number."""
+    if example["task"] == "number":
+        return same_number(response, example["answer"])
+    return data.check(example, response)
+
+
 ROLES = ("system", "user", "assistant")
 
 
 def read_record(rec):
-    """One line of a user's JSONL (any form data.read_record does not read itself) as an example
+    """One line of a user's JSONL, in any form data.read_record reads and these, as an example
     {"task", "prompt", "response" (if any), "answer"}.
 
     {"prompt", "response"}: one user turn and its answer. {"messages": [...]}: an optional system
@@ -42,6 +54,9 @@ def read_record(rec):
     answers keep what follows ####). The checker: an answer that is a number is scored by its final
     number (task "number", GSM8K chain-of-thought style: `final_number`), any other text exactly
     (task "custom"); without an "answer" the expected answer is the response."""
+    if not isinstance(rec, dict):
+        raise ValueError('expected a JSON object: {"prompt", "response"}, {"messages": [...]} '
+                         'or {"prompt", "answer"}')
     if "messages" in rec:
         msgs = [{"role": m["role"], "content": m["content"]} for m in rec["messages"]]
         roles = [m["role"] for m in msgs]
@@ -51,6 +66,8 @@ def read_record(rec):
                              "content, ending with a user turn and the assistant's answer")
         prompt, response = (msgs[0]["content"] if len(msgs) == 2 else msgs[:-1]), msgs[-1]["content"]
     else:
+        if "prompt" not in rec and "question" not in rec:
+            raise ValueError('no "prompt" (or "messages", or "question")')
         prompt, response = rec["prompt"] if "prompt" in rec else rec["question"], rec.get("response")
         if not isinstance(prompt, str):
             raise ValueError("prompt must be a string (a conversation goes in messages)")

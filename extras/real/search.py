@@ -4,13 +4,14 @@ validation prompts (never the held-out ones), to find a recipe whose masks learn
     python -m extras.real.search --data out/smollm/distilled.jsonl --val out/smollm/val.jsonl \\
         --out docs/levers_smollm2_cpu.json
 
-Each row of LEVERS runs `train.py --stage mars --init_from <base>` for --steps steps on --data with the flags
-it lists, in a process of its own, then measures its MARS checkpoint against the base model's greedy answers
-to the validation prompts: the teacher-forced AR agreement (the share of the base answers' tokens its AR argmax
-predicts), the answers identical to the base's at tau = 1.0, and at tau = 0.9 the tokens per forward and the
-answers identical to its own AR answer, and lossless the tokens per forward; also train.py's validation losses
-(on the data's tokens, whatever the targets). A row already in --out is kept
-(rerun the same command to resume); a checkpoint is deleted once measured (1.6 GB each for SmolLM2).
+Each row of LEVERS runs `python -m extras.real.train --stage mars --init_from <base>` for --steps
+steps on --data with the flags it lists, in a process of its own, then measures its MARS
+checkpoint against the base model's greedy answers to the validation prompts: the teacher-forced
+AR agreement (the share of the base answers' tokens its AR argmax predicts), the answers
+identical to the base's at tau = 1.0, and at tau = 0.9 the tokens per forward and the answers
+identical to its own AR answer, and lossless the tokens per forward; also the run's validation
+losses (on the data's tokens, whatever the targets). A row already in --out is kept (rerun the
+same command to resume); a checkpoint is deleted once measured (1.6 GB each for SmolLM2).
 """
 import json
 import os
@@ -21,12 +22,13 @@ import time
 
 import torch
 
-from common import UserError, load_checkpoint, model_from_checkpoint
+from common import UserError, build_model
 from common import Parser, add_device, run_cli
 from extras.bench.eval import machine, read_prompts
+from extras.checkpoints import foreign
 from extras.real.eval import AR, LOSSLESS, ar_agreement, decode, identical, name
 
-# name -> train.py flags over the shared ones (the reference's, then the lever's: a later flag wins). The reference is
+# name -> extras.real.train flags over the shared ones (the reference's, then the lever's: a later flag wins). The reference is
 # the paper's hard-label recipe at the lr where the masks learned on a GPU (docs/real_models.md); each other row moves
 # one lever; the last moves two together: soft targets at the lr that taught the masks most.
 REFERENCE = ["--mars_lr", "1e-4", "--mask_row", "mean"]
@@ -49,13 +51,13 @@ def train_command(lever, args, out_dir):
              "--mars_iters", str(args.steps), "--warmup", str(args.warmup), "--eval_every", str(args.steps),
              "--save_every", str(args.steps), "--summary_limit", "0", "--device", args.device]
     extra = REFERENCE + LEVERS[lever]
-    return [sys.executable, "train.py", *flags, *extra]
+    return [sys.executable, "-m", "extras.real.train", *flags, *extra]
 
 
 def measure(path, tok, prompts, base_runs, args):
     """The validation figures of one MARS checkpoint."""
-    ckpt = load_checkpoint(path, args.device)
-    model = model_from_checkpoint(ckpt, args.device)[0].eval()
+    ckpt = foreign.read_checkpoint(path, args.device)
+    model = build_model(ckpt, args.device).eval()
     B = ckpt["mars"]["B"]
     runs = decode(model, tok, prompts, [AR, {"tau": TAU}, LOSSLESS], args, B)
     own, fast = runs[name(AR)], runs[name({"tau": TAU})]
@@ -111,7 +113,7 @@ def main(argv=None):
     result = json.load(open(args.out)) if os.path.exists(args.out) else {"rows": []}
     done = {r["lever"] for r in result["rows"]}
     examples = read_prompts(args.val, 0)
-    base, tok = model_from_checkpoint(load_checkpoint(args.base, args.device), args.device)
+    _, base, tok = foreign.load(args.base, args.device)
     prompts = [tok.prompt_ids(e["prompt"]) for e in examples]
     print(f"the base model's answers to {len(prompts)} validation prompts", flush=True)
     base_runs = decode(base.eval(), tok, prompts, [AR], args)[name(AR)]

@@ -20,9 +20,10 @@ import time
 
 import torch
 
-from common import UserError, load_checkpoint, model_from_checkpoint
+from common import UserError
 from common import Parser, add_device, run_cli
 from extras.bench.eval import machine
+from extras.checkpoints import foreign
 from extras.real.distill import write_json, write_jsonl
 
 PREFIX_WORDS = 10  # two requests that open with the same ten words are one request reworded at its end
@@ -211,8 +212,7 @@ def statistics(command, kept, counts, args, seconds):
 def main(argv=None):
     args, t0 = get_args(argv), time.time()
     command = shlex.join(["python", "-m", "extras.real.self_prompts", *(sys.argv[1:] if argv is None else argv)])
-    ckpt = load_checkpoint(args.ckpt, args.device, getattr(torch, args.dtype))
-    model, tok = model_from_checkpoint(ckpt, args.device)
+    _, model, tok = foreign.load(args.ckpt, args.device, getattr(torch, args.dtype))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     try:
         kept, counts = self_prompts(model.eval(), tok, args.n, args.out + ".partial", args)

@@ -1,11 +1,13 @@
-"""Keep every checkpoint a training run writes: train.py replaces <out_dir>/<stage>.pt at each save, and the
-trend of a run (python -m extras.real.eval --trend) needs them all.
+"""Keep every checkpoint a training run writes: a run replaces <out_dir>/<stage>.pt at each
+save, and the trend of a run (python -m extras.real.eval --trend) needs them all.
 
-    python -m extras.real.snapshots out/smollm/mars.pt -- python train.py --stage mars --out_dir out/smollm ...
+    python -m extras.real.snapshots out/smollm/mars.pt -- \
+        python -m extras.real.train --stage mars --out_dir out/smollm ...
 
-runs the command and, each time the file is replaced (train.py writes a temp file, then renames it), links
-the new file as <stage>_step<N>.pt beside it (N: its training step). A hard link copies nothing: the run's
-next rename leaves the link holding the old file. Exits with the command's exit code.
+runs the command and, each time the file is replaced (a run writes a temp file, then renames
+it), links the new file as <stage>_step<N>.pt beside it (N: its training step). A hard link
+copies nothing: the run's next rename leaves the link holding the old file. Exits with the
+command's exit code.
 """
 import os
 import signal

@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-import data
 from common import UserError
 from extras.bench.eval import machine
+from extras.real import records
 from extras.serving.scheduler import (PHASES, Adaptive, Fixed, ServingEngine, WallClock, by_phase, calibrate,
                                       load_mars, make_trace, prompts_for_load)
 from extras.serving.report import goals, markdown
@@ -73,7 +73,7 @@ def summarise_http(recs, start, end, slo):
                 p99_ttft=pct(ttft, 99), tokens_per_second=tokens / (end - start),
                 goodput=sum(x <= slo for x in lat) / (end - start), tokens_per_forward=tokens / forwards,
                 mean_tau=sum(r.usage["tau"] * r.usage["forwards"] for r in recs) / forwards,
-                accuracy=sum(data.check(r.example, r.text) for r in recs) / len(recs))
+                accuracy=sum(records.check(r.example, r.text) for r in recs) / len(recs))
 
 
 def http_load(args):

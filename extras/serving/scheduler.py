@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 import data
-from common import UserError, load_checkpoint, model_from_checkpoint
+from common import UserError
+from extras.checkpoints import foreign
 from extras.engine.cost import StepCost, batch_grid
 from extras.engine.engine import Engine, Request, decode_step
+from extras.real import records
 
 # the trace: (phase, arrival rate as a multiple of the tau = 1.0 capacity), equal durations
 PHASES = (("light", 0.5), ("overload", 1.3), ("recovery", 0.5))
@@ -204,7 +206,7 @@ def summarise(reqs, steps, start, end, slo, tok):
     lat = [r.finish - r.arrival for r in reqs]
     ttft = [r.first_token - r.arrival for r in reqs]
     forwards = sum(r.forwards for r in reqs)
-    correct = [data.check(r.example, tok.answer(r.tokens)) for r in reqs]
+    correct = [records.check(r.example, tok.answer(r.tokens)) for r in reqs]
     pct = lambda xs, q: float(np.percentile(xs, q))
     return dict(requests=len(reqs), p50_latency=pct(lat, 50), p99_latency=pct(lat, 99),
                 p50_ttft=pct(ttft, 50), p99_ttft=pct(ttft, 99),
@@ -215,11 +217,11 @@ def summarise(reqs, steps, start, end, slo, tok):
 
 
 def load_mars(path, device, dtype=None):
-    """(model in eval mode, tokenizer, B, checkpoint) of a MARS checkpoint, or UserError."""
-    ckpt = load_checkpoint(path, device, dtype)
+    """(model in eval mode, tokenizer, B, checkpoint) of a MARS checkpoint (ours, or a real
+    model's directory or GGUF file: extras/checkpoints/foreign.py), or UserError."""
+    ckpt, model, tok = foreign.load(path, device, dtype)
     if "mars" not in ckpt:
         raise UserError(f"{path} is a stage-1 (AR) checkpoint: serve needs a MARS checkpoint (mars.pt)")
-    model, tok = model_from_checkpoint(ckpt, device, dtype)
     return model.eval(), tok, ckpt["mars"]["B"], ckpt
 
 
@@ -228,13 +230,13 @@ def prompts_for_load(ckpt, tok, max_seq, max_batch, data_path=None):
     the checkpoint's own test and validation splits, or a JSONL of {prompt, answer} (data_path)."""
     fits = lambda split: [e for e in split if len(tok.prompt_ids(e["prompt"])) < max_seq]
     if data_path:
-        test = val = fits(data.read_jsonl(data_path))
+        test = val = fits(data.read_jsonl(data_path, read=records.read_record))
     elif "train_config" not in ckpt:
         raise UserError(f"{ckpt.get('hf', {}).get('path', 'this checkpoint')} was not trained here and has no "
                         "held-out prompts: give --data FILE (JSONL of {prompt, answer})")
     else:
         cfg = ckpt["train_config"]
-        splits = data.splits_of(cfg)
+        splits = data.splits_of(cfg, read=records.read_record)
         test, val = fits(splits["test"]), fits(splits["val"])
     if not test:
         raise UserError(f"no held-out prompt fits the model's context of {max_seq} tokens")
