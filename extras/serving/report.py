@@ -66,10 +66,11 @@ def plot(result, timelines, arrivals, path):
         rows = [r for r in result["sweep"] if r["policy"] == policy]
         rate = [r["rate"] for r in rows]
         ax_sweep.plot(rate, [r["p99_latency"] for r in rows], "o-", color=f"C{i}", label=f"{policy} p99")
-        ax_acc.plot(rate, [100 * r["accuracy"] for r in rows], "s--", color=f"C{i}", alpha=0.6)
+        ax_acc.plot(rate, [100 * r["accuracy"] for r in rows], "s--", color=f"C{i}", alpha=0.6, clip_on=False)
     ax_sweep.axvline(result["capacity"]["tau=1.0"], ls=":", color="k")
     ax_sweep.axhline(result["slo_seconds"], ls=":", color="gray")
     ax_sweep.set(xlabel="arrival rate (requests/s); dotted: tau = 1.0 capacity", ylabel="p99 latency (s), log",
                  yscale="log", title="steady load: p99 latency (solid), accuracy (dashed)")
+    ax_acc.set_ylim(top=100)  # an accuracy ends at 100%; the markers at 100 stay whole (clip_on)
     ax_acc.set(ylabel="accuracy (%)"), ax_sweep.legend(loc="upper left")
     fig.tight_layout(), fig.savefig(path, dpi=100)
