@@ -95,7 +95,7 @@ def plot(path):
     fig = Figure(figsize=(11, 4))
     a1, a2 = fig.subplots(1, 2)
     for r in d["candidates"]:
-        m, chosen = r["wall_s"] / 60, r["name"] == d.get("chosen")
+        m, chosen = r["wall_s"] / 60, r["name"] in d.get("chosen", {}).values()
         kw = dict(marker="*" if chosen else "o", s=160 if chosen else 40,
                   color="C3" if chosen else "C0" if "mars_tau0.95" in r else "C2")
         a1.scatter(m, r["ar_val"]["accuracy"], **kw)
@@ -110,7 +110,7 @@ def plot(path):
         a1.scatter(ref["minutes"], ref["ar_accuracy"], marker="s", color="k", label=ref["label"])
         a2.scatter(ref["minutes"], ref["tokens_per_forward_tau0.95"], marker="s", color="k",
                    label=ref["label"])
-        a1.legend(fontsize=7)
+        a1.legend(fontsize=6, loc="lower right")
     a1.set(xlabel="minutes, whole command (stage-1 screens: stage 1 only, green)",
            ylabel="AR SFT accuracy, validation", title="stage 1")
     a2.set(xlabel="minutes, whole command", ylabel="tokens per forward at tau = 0.95",
