@@ -72,5 +72,5 @@ def plot(result, timelines, arrivals, path):
     ax_sweep.set(xlabel="arrival rate (requests/s); dotted: tau = 1.0 capacity", ylabel="p99 latency (s), log",
                  yscale="log", title="steady load: p99 latency (solid), accuracy (dashed)")
     ax_acc.set_ylim(top=100)  # an accuracy ends at 100%; the markers at 100 stay whole (clip_on)
-    ax_acc.set(ylabel="accuracy (%)"), ax_sweep.legend(loc="upper left")
+    ax_acc.set(ylabel="accuracy (%), the same requests at every rate"), ax_sweep.legend(loc="upper left")
     fig.tight_layout(), fig.savefig(path, dpi=100)
