@@ -255,27 +255,16 @@ def test_load_jsonl_both_formats(tmp_path):
         data.load_jsonl(str(path))
 
 
-def test_records_read_evaluation_forms_and_check_final_numbers(tmp_path):
-    """{prompt, answer} and GSM8K's {question, answer "... #### 72"}: a numeric answer is task
-    "number", scored by records.check by its final number; data.check knows the toy's tasks and
-    "custom" (exact). Such records have no response to train on."""
-    path = tmp_path / "gsm.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in [
-        {"question": "Q1", "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 1,234"},
-        {"prompt": "Q2", "answer": 72},
-        {"prompt": "Q3", "answer": "Paris"},
-        {"prompt": "Q4", "response": "r", "answer": "5"},
-    ]) + "\n")
-    e = data.read_jsonl(str(path), read=records.read_record)
-    assert [x["task"] for x in e] == ["number", "number", "custom", "number"]
-    assert [x["answer"] for x in e] == ["1,234", "72", "Paris", "5"] and "response" not in e[0]
-    assert records.check(e[0], "First 1000 + 234 = 1234. The answer is 1234.")
-    assert not records.check(e[0], "The answer is 1235. Or 1234")
-    assert records.check(e[1], "so she has 72.0") and not records.check(e[1], "no idea")
-    assert records.check(e[2], " Paris ") and not records.check(e[2], "The answer is Paris.")
-    assert not data.check(e[1], "so she has 72.0") and data.check(e[1], " 72 ")  # the root: exact
+def test_the_root_checks_exactly_and_records_falls_back_to_it(tmp_path):
+    """data.check knows the toy's tasks and "custom" (exact); records.check scores task "number" by
+    its final number (tests/test_hf_train.py) and is data.check on everything else."""
+    e = {"task": "number", "prompt": "Q2", "answer": "72"}
+    assert not data.check(e, "so she has 72.0") and data.check(e, " 72 ")  # the root: exact
+    assert records.check(e, "so she has 72.0")
     toy = data.build_instruction_set(0, n_train=20, n_val=0, n_test=0)["train"][:5]
     assert all(records.check(x, x["response"]) and data.check(x, x["response"]) for x in toy)
+    path = tmp_path / "gsm.jsonl"
+    path.write_text(json.dumps({"question": "Q1", "answer": "48/2 = 24\n#### 24"}) + "\n")
     with pytest.raises(ValueError, match=re.escape(f"{path}:1: no response to train on")):
         data.load_jsonl(str(path), read=records.read_record)
     with pytest.raises(ValueError, match=re.escape(f"{path}:1: malformed record (expected {{")):
