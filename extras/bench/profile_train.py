@@ -26,10 +26,11 @@ the step. And what bounds a step, in float32:
   with a target; and Muon's Newton-Schulz products (5 iterations of X X^T, A A, B X);
 - the FLOP/s it achieves, in all and per part;
 - the machine's: one 2048^3 matmul in float32 and in bf16 (emulated where the CPU has no
-  native bf16: smaller where that is too slow), Newton-Schulz alone, and one step's matmuls alone (the forward product and
-  both backward ones), at each thread count;
-- the host overhead: the intercept of a step's data + forward + backward time against its
-  model FLOPs, over steps at batch 8, 32 and the preset's.
+  native bf16: smaller where that is too slow), Newton-Schulz alone, and one step's matmuls
+  alone (the forward product and both backward ones), at each thread count;
+- the host overhead: a step's data + forward + backward time at batch 1 (a bound: it holds
+  a row's work too), and that time's intercept against the step's model FLOPs over steps at
+  batch 1, 8, 32 and the preset's.
 Plus what mask and rotary tables cost per forward.
 """
 import collections
@@ -312,22 +313,24 @@ def summarise(rows, measured, overhead, ns_gflop):
     for name in overhead:
         row = next(r for r in rows if r["stage"] == name)
         ms, rate, peaks = row["ms"], row["gflop_s"]["step"], measured["peak_gflop_s"]
+        g, muon = row["gflop"], row["optimizer_ms"].get("Muon", 0.0)
         ns_ms = sum(measured["newton_schulz_ms"].values())
         fast = measured["one_step_alone"][name]["gflop_s"]
         out[name] = {
-            "threads": row["threads"], "step_ms": ms["step"], "model_gflop": row["gflop"],
+            "threads": row["threads"], "step_ms": ms["step"], "model_gflop": g,
             "gflop_s": rate, "float32_peak_gflop_s": peaks["float32"],
             "percent_of_float32_peak": round(100 * rate / peaks["float32"], 1),
             "bfloat16_peak_gflop_s": peaks["bfloat16"],
             "percent_of_bfloat16_peak": round(100 * rate / peaks["bfloat16"], 1),
             "forward_backward_ms": round(ms["forward"] + ms["backward"], 1),
             "matmuls_alone_gflop_s": fast,
-            "forward_backward_at_matmuls_alone_ms": round(row["gflop"] / fast * 1000, 1),
+            "forward_backward_at_matmuls_alone_ms": round(g / fast * 1000, 1),
             "optimizer_ms": ms["optimizer"],
             "optimizer_percent_of_step": round(100 * ms["optimizer"] / ms["step"], 1),
+            "muon_ms": muon, "muon_percent_of_step": round(100 * muon / ms["step"], 1),
             "newton_schulz_gflop": round(ns_gflop, 3),
+            "newton_schulz_percent_of_flops": round(100 * ns_gflop / (ns_gflop + g), 1),
             "newton_schulz_alone_ms": round(ns_ms, 1),
-            "newton_schulz_percent_of_step": round(100 * ns_ms / ms["step"], 1),
             "host_ms": overhead[name]["host_ms"],
             "host_percent_of_step": round(100 * overhead[name]["host_ms"] / ms["step"], 1)}
     return out
@@ -371,17 +374,20 @@ def main(argv=None):
             print(rows[-1], flush=True)
 
     torch.set_num_threads(args.threads[0])
-    overhead, sizes = {}, sorted({8, 32, targs.batch_size})
+    overhead, sizes = {}, sorted({1, 8, 32, targs.batch_size})
     for name, s in stages.items():  # float32, buckets, smaller batches
-        s.buckets, s.cfg = buckets[name], targs
+        s.buckets, s.cfg, runs = buckets[name], targs, {targs.batch_size: points[name]}
         for size in sizes:
             if size != targs.batch_size:
                 s.batch_size = size
-                points[name] += profile(s, args.steps)[1]
+                runs[size] = profile(s, args.steps)[1]
         s.batch_size = targs.batch_size
-        host, slope = intercept(points[name])
-        overhead[name] = {"batch_sizes": sizes, "steps": len(points[name]),
-                          "host_ms": round(1000 * host, 1),
+        mean = [[sum(v) / len(v) for v in zip(*runs[size])] for size in sizes]
+        host, slope = intercept([p for size in sizes for p in runs[size]])
+        overhead[name] = {"batch_sizes": sizes, "gflop": [round(g, 3) for g, _ in mean],
+                          "ms": [round(1000 * t, 1) for _, t in mean],
+                          "host_ms": round(1000 * mean[0][1], 1),
+                          "intercept_ms": round(1000 * host, 1),
                           "marginal_gflop_s": round(1 / slope, 1)}
         print(name, overhead[name], flush=True)
 
@@ -408,8 +414,10 @@ def main(argv=None):
             "X X^T, A A, B X). by_threads: an n^3 matmul's best GFLOP/s per dtype (n: peak_n), "
             "Newton-Schulz alone (ms per shape group), one step's products alone in float32 "
             "([forward, G B^T, A^T G] ms and GFLOP/s; ms: their sum over the step). overhead: "
-            "least squares of a step's data + forward + backward seconds on its model GFLOP "
-            "over the steps at batch_sizes: host_ms the intercept, marginal_gflop_s 1 / slope. "
+            "a step's mean data + forward + backward ms and model GFLOP at batch_sizes; "
+            "host_ms: the ms at the first (a bound on the host overhead); intercept_ms and "
+            "marginal_gflop_s (1 / slope): least squares of those seconds on the GFLOP over "
+            "every step. "
             "summary: the first thread count's float32 bucketed rows against those figures")
     name = f"profile_{'muon_' if ns else ''}{args.preset}.json"  # Muon's beside AdamW's
     with open(os.path.join(args.out_dir, name), "w") as f:
