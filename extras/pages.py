@@ -28,6 +28,9 @@ PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in DOCS.glob(
 COG = ["-P", "-I", str(ROOT / "extras"), "-p", "import pages"]
 
 
+# reading the files
+
+
 def load(name):
     """docs/NAME (.json added when missing), parsed."""
     return json.loads((DOCS / (name if name.endswith(".json") else name + ".json")).read_text())
@@ -82,6 +85,9 @@ def say(template):
     print(re.sub(r"\{([\w.-]+:[^}|]+(?:\|[^}]+)?)\}", lambda m: figure(m.group(1)), template))
 
 
+# the README and docs/results.md
+
+
 def table(header, rows):
     """A markdown table."""
     print("| " + " | ".join(header) + " |")
@@ -109,6 +115,12 @@ def test_times():
     if d["commit"]:
         machine = ", ".join(f"{k} {v}" for k, v in d["machine"].items() if v is not None)
         print(f"\nOn {machine}; commit {d['commit']} ([`docs/test_times.json`](docs/test_times.json)).")
+
+
+# real models, gpu, serving
+
+
+# the command
 
 
 def main(argv=None):
