@@ -37,8 +37,12 @@ def load(name):
 
 
 def get(data, path):
-    """data's value at a dotted path; a number in the path indexes a list."""
-    for key in path.split("."):
+    """data's value at a dotted path; a number in the path indexes a list. The rest of the path
+    is tried whole first, so that a last key may hold dots (capacity.tau=0.9)."""
+    while path:
+        if isinstance(data, dict) and path in data:
+            return data[path]
+        key, _, path = path.partition(".")
         data = data[int(key)] if isinstance(data, list) else data[key]
     return data
 
@@ -65,6 +69,9 @@ FORMATS = {
     "min": lambda v: f"{v / 60:.1f} min",  # seconds as minutes
     "M": lambda v: f"{v / 1e6:.2f}M",  # a count in millions
     "int": lambda v: f"{v:,}",
+    "x": lambda v: f"{v:.2f}x",  # a ratio, e.g. a speedup
+    "ci": lambda v: f"[{100 * v[0]:.1f}, {100 * v[1]:.1f}]",  # an interval of fractions, in points
+    "dur": lambda v: f"{v:.1f} s" if v < 10 else f"{v:.0f} s" if v < 60 else f"{v / 60:.1f} min",
 }
 
 
@@ -74,7 +81,11 @@ def figure(field):
     format spec (.2f); without it the value as it is."""
     source, _, fmt = field.partition("|")
     name, _, path = source.partition(":")
-    value = parameters(path) if name == "parameters" else get(load(name), path)
+    return formatted(parameters(path) if name == "parameters" else get(load(name), path), fmt)
+
+
+def formatted(value, fmt):
+    """value as FORMAT (one of FORMATS, a Python format spec, or "" for the value as it is)."""
     if value is None:
         return "not yet measured"
     return FORMATS[fmt](value) if fmt in FORMATS else format(value, fmt)
@@ -118,6 +129,26 @@ def test_times():
 
 
 # real models, gpu, serving
+
+
+def records(file, paths, columns, where=None):
+    """A table of the records of docs/FILE.json: each of paths leads to one record (a dict) or a
+    list of them. columns maps each header to a template whose {PATH|FORMAT} fields are read from
+    the record ("-" where it has none); where maps a path to the values a record must hold there."""
+    def cell(record, template):
+        def field(m):
+            try:
+                return formatted(get(record, m.group(1)), m.group(2) or "")
+            except (KeyError, IndexError, TypeError):
+                return "-"
+        return re.sub(r"\{([^{}|]+)(?:\|([^{}]*))?\}", field, template)
+
+    data, rows = load(file), []
+    for path in paths:
+        found = get(data, path)
+        rows += found if isinstance(found, list) else [found]
+    rows = [r for r in rows if all(get(r, k) in v for k, v in (where or {}).items())]
+    table(list(columns), [[cell(r, t) for t in columns.values()] for r in rows])
 
 
 # the command
