@@ -258,11 +258,11 @@ def test_times():
 # real models, gpu, serving
 
 
-def records(file, paths, columns, where=None):
-    """A table of the records of docs/FILE.json: each of paths leads to one record (a dict) or a
-    list of them. columns maps each header to a template whose {PATH|FORMAT?DEFAULT} fields are
-    read from the record (DEFAULT, else "-", where it has none); where maps a path to the values
-    a record must hold there."""
+def records(sources, columns, where=None):
+    """A table of records: each of sources, FILE:PATH, leads to one record (a dict) or a list of
+    them in docs/FILE.json (PATH empty: the whole file). columns maps each header to a template
+    whose {PATH|FORMAT?DEFAULT} fields are read from the record (DEFAULT, else "-", where it has
+    none); where maps a path to the values a record must hold there."""
     def value(record, path):
         try:
             return get(record, path)
@@ -276,9 +276,10 @@ def records(file, paths, columns, where=None):
             return "-" if default is None else default
         return FORMATS[fmt](v) if fmt in FORMATS else format(v, fmt or "")
 
-    data, rows = load(file), []
-    for path in paths:
-        found = get(data, path)
+    rows = []
+    for source in sources:
+        name, _, path = source.partition(":")
+        found = get(load(name), path)
         rows += found if isinstance(found, list) else [found]
     rows = [r for r in rows if all(value(r, k) in v for k, v in (where or {}).items())]
     table(list(columns), [[re.sub(r"\{([^{}|?]+)(?:\|([^{}?]*))?(?:\?([^{}]*))?\}", lambda m: field(r, m), t)
