@@ -535,6 +535,50 @@ def test_padding_rows_are_never_output(m):
             assert (out, chunks) == (g.tokens, g.chunks) and max(out) < V
 
 
+def test_readable_loop_stops_at_the_context(m):
+    """sample.generate's budget is the context's room as well as max_new_tokens: each row commits
+    min(max_new_tokens, max_seq_len - prompt) tokens unless it ends with <|endoftext|> first, as the engine does
+    alone; a row with one slot of room commits one token, and a prompt that fills the context commits none."""
+    prompts = random_prompts((60, 63, 64, 5, 30), seed=3)
+    context = m.config.max_seq_len
+    for B, tau in ((1, 1.0), (4, 0.3), (8, 0.3)):
+        out = sample.generate(m, prompts, EOT, MASK, B, tau, max_new_tokens=N)
+        assert out[2] == ([], [])  # the 64-token prompt
+        assert len(out[1][0]) == 1  # the 63-token prompt
+        for p, (tokens, chunks) in zip(prompts, out):
+            assert len(tokens) == min(N, context - len(p)) or tokens[-1] == EOT
+            if len(p) < context:
+                g = engine.generate_batch(m, [p], EOT, MASK, B=B, tau=tau, max_new_tokens=N)[0]
+                assert (tokens, chunks) == (g.tokens, g.chunks)
+        # the context, not max_new_tokens or <|endoftext|>, ends the 30-token prompt's answer
+        assert len(prompts[4]) + len(out[4][0]) == context and out[4][0][-1] != EOT
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.5])
+@pytest.mark.parametrize("n_vocab", [None, V - 4])
+def test_predictions_are_the_windows_logits_with_banned_ids_at_minus_infinity(m, tau, n_vocab):
+    """sample.predictions on ragged rows, over two forwards with the cache: row r's logits at its last real
+    token and after it at its masks (B - 1, none at tau = 1.0), those of an uncached forward of all its tokens
+    and the masks; <|mask|> and the ids from n_vocab on at -inf, the rest untouched; the cache keeps the real
+    tokens only."""
+    B = 4
+    n_masks = B - 1 if tau < 1 else 0
+    banned = [MASK] if n_vocab is None else list(range(n_vocab, V))
+    kept = [i for i in range(V) if i not in banned]
+    cache = m.new_cache(len(PROMPTS), mars.cache_slots(64, B))
+    fresh, seen = [list(p) for p in PROMPTS], [list(p) for p in PROMPTS]
+    for _ in range(2):
+        logits = sample.predictions(m, cache, fresh, MASK, B, tau, n_vocab)
+        assert logits.shape == (len(PROMPTS), 1 + n_masks, V)
+        assert cache.lengths == [len(s) for s in seen]
+        for row, s in zip(logits, seen):
+            want = m(torch.tensor([s + [MASK] * n_masks]))[0, len(s) - 1:]
+            assert (row[:, banned] == float("-inf")).all()
+            torch.testing.assert_close(row[:, kept], want[:, kept])
+        fresh = [[(7 * i + j) % EOT for j in range(1 + i % 3)] for i in range(len(PROMPTS))]  # 1-3 tokens a row
+        seen = [s + f for s, f in zip(seen, fresh)]
+
+
 def test_trained_checkpoint_readable_loop_equals_engine(tiny_run, splits):
     """In float32, as sample.py runs: token for token and forward for forward, at several taus."""
     model, tok = common.model_from_checkpoint(common.load_checkpoint(str(tiny_run / "mars.pt")))
