@@ -1,38 +1,143 @@
-"""Before class: is this machine ready for the course, and how long will its course run take?
+"""Before class: which notebooks this machine is ready for, and how long its course run will take.
 
     python notebooks/setup_check.py     # from the repository root: 10-30 seconds
 
-Prints the machine, whether each package the notebooks need imports, the precision
-`python train.py` picks here, and the course run's minutes, estimated from a few timed
-training steps of its model. Exit status 1, with a pip line per missing package.
+For each notebook, what it needs, read from the files (nothing here lists packages by hand):
+- what it imports: its code cells' imports and, through the project's modules they import, theirs
+  (module level, followed with ast), the standard library left out; each is imported here;
+- its install: requirements-course.txt, and on top the `pip install` command a notebook names
+  in its first cell (05's); each package they name is looked up as installed.
+Then the machine, the precision `python train.py` picks here, and the course run's minutes,
+estimated from a few timed training steps of its model. Exit status 1 when one of notebooks
+01-04 is not ready, with the pip line that installs what is missing.
 """
+import ast
+import glob
 import importlib
+import importlib.metadata
+import json
 import os
 import platform
+import re
 import sys
 import time
 from types import SimpleNamespace
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)  # the project's modules, from wherever this runs
-
-# what the notebooks import ("a or b": either) -> the pip line that installs it
-NEEDED = {"torch": "pip install torch  (on Linux, the CPU build: "
-                   "add --index-url https://download.pytorch.org/whl/cpu)",
-          "numpy": "pip install numpy", "tiktoken": "pip install tiktoken",
-          "rustbpe": "pip install rustbpe", "matplotlib": "pip install matplotlib",
-          "notebook or jupyterlab": "pip install notebook",
-          "ipykernel": "pip install ipykernel"}
+NOTEBOOKS = sorted(glob.glob(os.path.join(HERE, "0*.ipynb")))
+COURSE_INSTALL = os.path.join(ROOT, "requirements-course.txt")
+# an import name whose pip name differs (among those the notebooks reach)
+PIP_NAMES = {"IPython": "ipython"}
+FRONT_ENDS = ("notebook", "jupyterlab")  # the install names the first; either opens the notebooks
+TORCH_CPU = "on Linux, install torch's CPU build first: pip install torch --index-url https://download.pytorch.org/whl/cpu"
 SEQ_LEN, PROMPT_LEN = 40, 16  # a typical course example: its tokens, and its prompt's
 
 
-def imports(names):
-    """Whether one of the modules "a or b" imports."""
-    for name in names.split(" or "):
+# what a notebook needs, read from the files
+
+
+def cells(notebook, kind):
+    """The sources of a notebook's cells of one kind ("code" or "markdown")."""
+    with open(notebook) as f:
+        return ["".join(c["source"]) for c in json.load(f)["cells"] if c["cell_type"] == kind]
+
+
+def module_level(node):
+    """The nodes a module runs when it is imported: all but the bodies of its functions."""
+    for child in ast.iter_child_nodes(node):
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield child
+            yield from module_level(child)
+
+
+def imported(tree, everywhere):
+    """The modules an import in tree may load: `import a.b` -> a.b; `from a import b` -> a and
+    a.b (b may be a submodule). everywhere: a notebook's cell (its functions run); else a module's
+    level only (a function's import runs only when it is called)."""
+    for node in (ast.walk(tree) if everywhere else module_level(tree)):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def project_file(name):
+    """The file of the project's module `name` (a.b: the repository root's, or notebooks/'s
+    checks and course, both on a notebook's path), or None: not the project's."""
+    for folder in (ROOT, HERE):
+        stem = os.path.join(folder, *name.split("."))
+        for path in (stem + ".py", os.path.join(stem, "__init__.py")):
+            if os.path.isfile(path):
+                return path
+    return None
+
+
+def needs(notebook):
+    """The packages (top-level import names) a notebook imports: in its code cells, and at module
+    level in every project module they reach, a package's __init__.py included."""
+    code = ["\n".join(l for l in src.splitlines() if not l.lstrip().startswith(("%", "!")))  # IPython's
+            for src in cells(notebook, "code")]
+    todo, seen, found = [(ast.parse(src), True) for src in code], set(), set()
+    while todo:
+        tree, everywhere = todo.pop()
+        for name in imported(tree, everywhere):
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):  # importing a.b.c runs a and a.b first
+                path = project_file(".".join(parts[:i]))
+                if path and path not in seen:
+                    seen.add(path)
+                    with open(path) as f:
+                        todo.append((ast.parse(f.read()), False))
+            if not project_file(parts[0]) and parts[0] not in sys.stdlib_module_names:
+                found.add(parts[0])
+    return found
+
+
+def requirement_name(line):
+    """The package a requirement names (`torch>=2.5` -> torch), or None for a comment or a blank."""
+    m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#")[0])
+    return m.group(1) if m else None
+
+
+def extra_command(notebook):
+    """The `pip install ...` command a notebook names in its first cell beyond the course's install, or None."""
+    first = cells(notebook, "markdown")[0]
+    m = re.search(r"`(pip install [^`]+)`", first)
+    return m.group(1) if m else None
+
+
+def install(notebook):
+    """The packages a notebook's install names: requirements-course.txt's, and its own command's."""
+    with open(COURSE_INSTALL) as f:
+        names = [n for n in map(requirement_name, f) if n]
+    for command in (extra_command(notebook) or "").split("&&"):
+        words = command.split()[2:]  # after `pip install`
+        names += [requirement_name(w) for w in words if not w.startswith("-")]
+    return names
+
+
+# what this machine has
+
+
+def imports(name):
+    """Whether a module imports here."""
+    try:
+        importlib.import_module(name)
+        return True
+    except Exception:  # a broken install fails in other ways than ImportError
+        return False
+
+
+def installed(name):
+    """Whether a package is installed here (a front end: any of FRONT_ENDS)."""
+    for candidate in (FRONT_ENDS if name in FRONT_ENDS else [name]):
         try:
-            importlib.import_module(name)
+            importlib.metadata.distribution(candidate)
             return True
-        except Exception:  # a broken install fails in other ways than ImportError
+        except importlib.metadata.PackageNotFoundError:
             pass
     return False
 
@@ -90,24 +195,36 @@ def estimate(device, dtype):
     return t1, t2, minutes
 
 
+def report(notebook):
+    """One line on whether this machine is ready for the notebook; True when it is."""
+    missing = sorted(PIP_NAMES.get(n, n) for n in needs(notebook) if not imports(n))
+    absent = [n for n in install(notebook) if n not in missing and not installed(n)]
+    name = os.path.basename(notebook)[:-len(".ipynb")]
+    if not missing and not absent:
+        print(f"  {name}: ready")
+        return True
+    why = [f"{', '.join(missing)} does not import"] * bool(missing) + [f"{', '.join(absent)} not installed"] * bool(absent)
+    print(f"  {name}: NOT ready: {'; '.join(why)}")
+    return False
+
+
 def main():
     print(f"Python {platform.python_version()} on {platform.system()} {platform.machine()}")
-    missing = [names for names in NEEDED if not imports(names)]
-    print("packages:", ", ".join(f"{names} {'MISSING' if names in missing else 'ok'}"
-                                 for names in NEEDED))
-    if "torch" not in missing:
-        import torch
-        cuda = torch.cuda.get_device_name() if torch.cuda.is_available() else "no"
-        mps = "yes, unused" if torch.backends.mps.is_available() else "no"  # the CPU path
-        print(f"torch {torch.__version__}; {cpu_name()}, {os.cpu_count()} cores, "
-              f"CPU capability {torch.backends.cpu.get_cpu_capability()}; "
-              f"CUDA: {cuda}; MPS: {mps}")
-    if missing:
-        for names in missing:
-            print(f"missing: {names}: {NEEDED[names]}")
-        print("or all at once: pip install -r requirements-course.txt")
+    print("notebooks (what each imports, through the project's modules, and its install):")
+    ready = {os.path.basename(nb)[:2]: report(nb) for nb in NOTEBOOKS}
+    for nb in NOTEBOOKS:
+        if not ready[os.path.basename(nb)[:2]] and extra_command(nb):
+            print(f"  {os.path.basename(nb)[:2]}'s install, beyond the course's: {extra_command(nb)}")
+    course = all(ready[n] for n in ready if n <= "04")
+    if not course:
+        print(f"  01-04's install: pip install -r requirements-course.txt ({TORCH_CPU})")
         return 1
+    import torch
     import train
+    cuda = torch.cuda.get_device_name() if torch.cuda.is_available() else "no"
+    mps = "yes, unused" if torch.backends.mps.is_available() else "no"  # the CPU path
+    print(f"torch {torch.__version__}; {cpu_name()}, {os.cpu_count()} cores, "
+          f"CPU capability {torch.backends.cpu.get_cpu_capability()}; CUDA: {cuda}; MPS: {mps}")
     device = "cuda" if torch.cuda.is_available() else "cpu"  # as notebooks/course.py picks
     dtype, why = train.precision_rule(device)
     print(f"precision: {dtype} ({why})")
