@@ -95,7 +95,8 @@ def figure(field, named):
     source, _, fmt = field.partition("|")
     if ":" not in source:
         head, _, rest = source.partition(".")
-        source = named[head] + (f".{rest}" if rest else "")
+        prefix = named[head]
+        source = prefix + ("." if rest and not prefix.endswith(":") else "") + rest
     name, _, path = source.partition(":")
     value = get(preset(path.split(".")[0]), path.partition(".")[2]) if name == "preset" \
         else get(load(name), path)
@@ -107,7 +108,7 @@ def figure(field, named):
 def say(template, **named):
     """Print template with each {field} replaced by its figure (see figure); named: short names
     for long prefixes, e.g. say("{run.seconds|min}", run="train_cpu:KEY")."""
-    print(re.sub(r"\{([\w.:=-]+(?:\|[^}]+)?)\}", lambda m: figure(m.group(1), named), template))
+    print(re.sub(r"\{([\w.:= -]+(?:\|[^}]+)?)\}", lambda m: figure(m.group(1), named), template))
 
 
 # the README and docs/results.md
@@ -121,53 +122,100 @@ def table(header, rows):
         print("| " + " | ".join(str(c) for c in row) + " |")
 
 
+def model_name(name):
+    return name.replace("tau=", "tau = ")
+
+
 def results_table(run, file="train_cpu"):
     """The closing summary of a `python train.py` run (its summary_test rows): the README's
     Results. run: the run's key in docs/FILE.json."""
     rows = get(load(file), run)["summary_test"]
     table(["decoder (default run)", "accuracy", "tokens/forward"],
-          [(r["model"].replace("tau=", "tau = "), pct(r["accuracy"]), f"{r['tokens_per_forward']:.2f}")
-           for r in rows])
+          [(model_name(r["model"]), pct(r["accuracy"]), f"{r['tokens_per_forward']:.2f}") for r in rows])
+
+
+def recipe(name):
+    """A train.py preset in a sentence, with its model's size."""
+    p, e, pct0 = preset(name), FORMATS["e"], FORMATS["pct0"]
+    muon = " (on the hidden matrices, AdamW on the rest)" if p["optimizer"] == "muon" else ""
+    decay = f" (flat, then to zero over the last {pct0(p['decay'])})" if p["schedule"] == "wsd" else " (to zero)"
+    print(f"- **The recipe** (`train.PRESETS['{name}']`): {p['n_layer']} layers of width {p['n_embd']}, "
+          f"{FORMATS['M'](p['parameters'])} parameters, a {p['vocab']:,}-token vocabulary, "
+          f"{p['n_train']:,} training examples at batch {p['batch_size']}. Stage 1 (AR SFT) takes "
+          f"{p['ar_iters']:,} steps at a peak rate of {e(p['lr'])}, stage 2 (MARS, B = {p['B']}, "
+          f"ar_weight {p['ar_weight']}) {p['mars_iters']:,} at {e(p['mars_lr'])}; optimizer {p['optimizer']}{muon}, "
+          f"warmup {pct0(p['warmup'])}, schedule {p['schedule']}{decay}, {p['buckets']} length buckets; "
+          "bf16 autocast where the hardware has native bf16, float32 elsewhere.")
+
+
+def default_run(run, file="train_cpu"):
+    """A timed `python train.py` run in a sentence: time, stages, machine, precision, validation."""
+    r = get(load(file), run)
+    m = r["machine"]
+    print(f"- **The default run, timed** (`{r['command']}`, {r['date']}, on the {m['cores']} cores of an "
+          f"{m['lscpu']}, CPU capability {m['cpu_capability']}, torch {m['torch']}, {m['threads']} threads; "
+          f"{r['conditions']}): **{FORMATS['min'](r['seconds'])}**, stage 1 {r['stage_seconds']['ar']:.0f} s, "
+          f"stage 2 {r['stage_seconds']['mars']:.0f} s, peak memory {r['peak_rss_mib']} MiB, in "
+          f"{r['precision']['dtype']} ({r['precision']['reason']}). Validation accuracy (500 prompts, "
+          f"greedy): {pct(r['val']['ar']['accuracy'])} after stage 1, {pct(r['val']['mars']['accuracy'])} "
+          "after stage 2 at tau = 1.0.")
 
 
 def side_by_side(run, old, file="train_cpu"):
-    """Two runs' closing summaries side by side (the current preset's and an earlier one's)."""
+    """Two runs' closing summaries side by side (the current preset's and an earlier one's), then
+    their times."""
     d = load(file)
     new_rows, old_rows = d[run]["summary_test"], d[old]["summary_test_2000"]
     table(["decoder", f"`{run}` ({new_rows[0]['n']} test prompts)", f"`{old}` (2,000 test prompts)"],
-          [(a["model"].replace("tau=", "tau = "),
-            *(f"{pct(r['accuracy'])}, {r['tokens_per_forward']:.2f} tok/fwd" for r in (a, b)))
+          [(model_name(a["model"]), *(f"{pct(r['accuracy'])}, {r['tokens_per_forward']:.2f} tok/fwd" for r in (a, b)))
            for a, b in zip(new_rows, old_rows)])
+    o = d[run]["old_preset"]
+    print(f"\nTime: the current preset's run took {o['ratio']:.2f} of the previous preset's ({o['source']}); "
+          f"{o['note']}.")
 
 
 def preset_search(file="preset_search_cpu"):
-    """The preset search's candidates: wall time and validation accuracy, the chosen one marked."""
+    """The preset search's candidates (wall time, validation accuracy, the chosen ones marked),
+    then why the cpu preset was chosen."""
     d = load(file)
     chosen = set(d["chosen"].values())
     rows = []
     for c in d["candidates"]:
-        mars = [f"{pct(c[k]['accuracy'])} at {c[k]['tokens_per_forward']:.2f}" for k in ("mars_tau0.95",) if k in c]
+        mars = f"{pct(c['mars_tau0.95']['accuracy'])} at {c['mars_tau0.95']['tokens_per_forward']:.2f}" \
+            if "mars_tau0.95" in c else "-"
         rows.append((f"`{c['name']}`" + (" (chosen)" if c["name"] in chosen else ""),
-                     f"{c['wall_s'] / 60:.1f}", pct(c["ar_val"]["accuracy"]), *(mars or ["-"])))
+                     f"{c['wall_s'] / 60:.1f}", pct(c["ar_val"]["accuracy"]), mars))
     table(["candidate", "minutes", "stage 1 validation accuracy", "MARS tau = 0.95: accuracy at tokens/forward"],
           rows)
+    print(f"\nWhy this one (the file's `chosen_why`): {d['chosen_why']['cpu']}.")
 
 
 def profile(file="profile_muon_cpu"):
-    """Where a training step's time goes, per stage (profile_train's summary)."""
-    d = load(file)["summary"]
-    a, m = d["ar"], d["mars"]
-    cell = lambda x, fmt: fmt.format(**x)
+    """Where a training step's time goes, per stage (profile_train's summary), and what bounds it."""
+    d = load(file)
+    a, m = d["summary"]["ar"], d["summary"]["mars"]
+    print(f"[`{file}.json`]({file}.json), `{d['command']}`: the cpu preset's step (batch {d['batch_size']}, "
+          f"float32), {d['steps']} steps a stage, {d['machine']}. FLOPs: 2 M K N a matmul, x3 with the backward.\n")
     table(["per step", "stage 1 (AR)", "stage 2 (MARS)"], [
-        (what, cell(a, fmt), cell(m, fmt)) for what, fmt in (
+        (what, fmt.format(**a), fmt.format(**m)) for what, fmt in (
             ("time, model FLOPs", "{step_ms} ms, {model_gflop} GFLOP"),
             ("achieved", "{gflop_s} GFLOP/s, {percent_of_float32_peak}% of the float32 peak"),
-            ("forward + backward; at the matmuls' own speed", "{forward_backward_ms} ms; {forward_backward_at_matmuls_alone_ms} ms"),
+            ("forward + backward; at the matmuls' own speed", "{forward_backward_ms} ms; "
+                                                              "{forward_backward_at_matmuls_alone_ms} ms"),
             ("Muon's step", "{muon_ms} ms, {muon_percent_of_step}%"),
             ("host: a batch of 1", "{host_ms} ms, {host_percent_of_step}%"))])
+    print(f"\nPeaks at {a['threads']} threads: a float32 matmul {a['float32_peak_gflop_s']} GFLOP/s, bf16 "
+          f"{a['bfloat16_peak_gflop_s']}. Newton-Schulz is {a['newton_schulz_gflop']} GFLOP a step "
+          f"({a['newton_schulz_percent_of_flops']}% of stage 1's FLOPs), {a['newton_schulz_alone_ms']} ms alone. "
+          f"The targets: forward and backward outside the matmuls ({a['forward_backward_ms']} ms against "
+          f"{a['forward_backward_at_matmuls_alone_ms']} at the matmuls' own speed: norms, rotary, activations, "
+          f"attention's small products, the loss), then Muon's step; the host ({a['host_percent_of_step']}%) "
+          f"does not bound it. {d['note']}.")
 
 
 # the evaluation (extras.bench.eval's JSON)
+
+TAUS = (1.0, 0.95, 0.9, 0.7, 0.5)  # the thresholds a page shows; the JSON holds more
 
 
 def decoder(r):
@@ -176,28 +224,25 @@ def decoder(r):
 
 
 def quality(file="eval_cpu"):
-    """Accuracy with its interval, tokens per forward and accuracy per family, per decoder."""
-    q = load(file)["quality"]
-    tasks = list(q[0]["per_task"])
-    table(["decoder", "all", "95% CI", "tokens/forward", *tasks],
-          [(decoder(r), f"{100 * r['accuracy']:.1f}", ci(r["ci"]), f"{r['tokens_per_forward']:.2f}",
-            *(f"{100 * r['per_task'][t]['accuracy']:g}" for t in tasks)) for r in q])
+    """Accuracy with its interval, tokens per forward, and the family each decoder does worst on."""
+    q = [r for r in load(file)["quality"] if r["threshold"] in (None, *TAUS)]
+    worst = lambda r: min(r["per_task"].items(), key=lambda kv: kv[1]["accuracy"])
+    table(["decoder", "accuracy", "95% CI", "tokens/forward", "its weakest family"],
+          [(decoder(r), pct(r["accuracy"]), ci(r["ci"]), f"{r['tokens_per_forward']:.2f}",
+            f"{worst(r)[0]} {pct(worst(r)[1]['accuracy'])}") for r in q])
 
 
 def paired(file="eval_cpu"):
-    """The paired comparisons: difference in points, Newcombe's interval, McNemar's p."""
+    """The paired comparisons: difference in points, Newcombe's interval, McNemar's p; then
+    the decoders that must equal AR, token for token."""
+    d = load(file)
     table(["comparison", "difference", "95% CI", "p", "right only in the first / the second"],
           [(f"{p['a']} vs {p['b']}", FORMATS["pts"](p["diff"]), ci(p["ci"]), f"{p['p_value']:.2g}",
-            f"{p['a_only']} / {p['b_only']}") for p in load(file)["paired"]])
-
-
-def per_length(file="eval_cpu"):
-    """Accuracy % (tokens per forward) per answer length."""
-    q = load(file)["quality"]
-    groups = list(q[0]["per_length"])
-    table(["decoder", *(f"{g} (n={q[0]['per_length'][g]['n']})" for g in groups)],
-          [(decoder(r), *(f"{100 * r['per_length'][g]['accuracy']:.1f} ({r['per_length'][g]['tokens_per_forward']:.2f})"
-                          for g in groups)) for r in q])
+            f"{p['a_only']} / {p['b_only']}") for p in d["paired"]
+           if "tau=" not in p["a"] or float(p["a"].split("tau=")[1]) in TAUS])
+    same = d["identical_to_ar"]
+    print(f"\nToken for token against the same checkpoint decoded as AR (`--ar`): lossless differs on "
+          f"{same['lossless_differ']} of {same['n']:,} prompts, tau = 1.0 on {same['tau1_differ']}.")
 
 
 def sweeps(key, file="eval_cpu"):
@@ -205,42 +250,51 @@ def sweeps(key, file="eval_cpu"):
     accuracy % (tokens per forward)."""
     d = load(file)[key]
     rows = [(a["label"], a["sweep"]) for a in d] if key == "ablations" else list(d.items())
+    rows = [(name, [r for r in sweep if r["threshold"] in TAUS]) for name, sweep in rows]
     table(["checkpoint" if key == "ablations" else "metric", *(f"tau = {r['threshold']}" for r in rows[0][1])],
           [(name, *(f"{100 * r['accuracy']:.1f} ({r['tokens_per_forward']:.2f})" for r in sweep))
            for name, sweep in rows])
 
 
-def speed(file="eval_cpu"):
-    """The wall clock against AR: per decoder, the speedup at each batch size [min, max over
-    repeats], tokens per forward."""
-    rows = load(file)["speed"]
+def speed(file="eval_cpu", tau=0.95):
+    """The wall clock against AR at one tau: per decoder, the speedup at each batch size [min, max
+    over repeats] and tokens per forward; then the paper's figures."""
+    d = load(file)
+    rows = [s for s in d["speed"] if s["threshold"] in (None, tau)]
     batches = sorted({s["batch_size"] for s in rows})
     by = {}
     for s in rows:
-        by.setdefault((s["decoder"], s["threshold"], s["cache_block"]), {})[s["batch_size"]] = s
-    out = []
-    for (dec, tau, block), cells in by.items():
-        name = dec + (f", B_cache {block}" if block else "")
-        out.append((name, tau or "-", *(
-            "" if b not in cells else f"{cells[b]['tokens_per_second']:.0f} tok/s" if dec == "ar" else
-            f"{cells[b]['speedup']:.2f}x [{cells[b]['speedup_spread'][0]:.2f}, {cells[b]['speedup_spread'][1]:.2f}], "
-            f"{cells[b]['tokens_per_forward']:.2f}" for b in batches)))
-    table(["decoder", "tau", *(f"batch {b}" for b in batches)], out)
+        by.setdefault((s["decoder"], s["cache_block"]), {})[s["batch_size"]] = s
+    cell = lambda s: f"{s['tokens_per_second']:.0f} tok/s" if s["decoder"] == "ar" else \
+        f"{s['speedup']:.2f}x [{s['speedup_spread'][0]:.2f}, {s['speedup_spread'][1]:.2f}], {s['tokens_per_forward']:.2f}"
+    print(f"{d['speed_prompts']} held-out prompts, {d['repeats']} repeats per row after a warm-up ({d['machine']}); "
+          f"tau = {tau} (every row, tau = 0.9 too: the file's `speed`). Each decoder alternates with AR batch by "
+          "batch, so that drift hits both; a cell is the median over repeats of the decoder's tokens/s over AR's "
+          "[min, max], then tokens per forward (AR's row: its tokens/s).\n")
+    table(["decoder", *(f"batch {b}" for b in batches)],
+          [(dec + (f", B_cache {block}" if block else ""), *(cell(c[b]) if b in c else "" for b in batches))
+           for (dec, block), c in by.items()])
+    print(f"\nFor comparison, the {d['paper_table5']}.")
 
 
 def masks(file="masks_cpu", tau=0.95):
     """--masks auto against fixed and AR, per batch size and cache (masks_bench's rows)."""
-    rows = [r for r in load(file)["rows"] if r["tau"] in (None, tau)]
+    d = load(file)
+    rows = [r for r in d["rows"] if r["tau"] in (None, tau)]
     ar = {r["batch_size"]: r for r in rows if r["decoder"] == "ar"}
     by = {}
     for r in rows:
         if r["decoder"] != "ar":
             by.setdefault((r["cache"], r["B_cache"], r["batch_size"]), {})[r["decoder"]] = r
+    print(f"`python -m extras.bench.masks_bench` ([`{file}.json`]({file}.json)): AR, fixed and auto interleaved "
+          f"over {d['rounds']} rounds, speed on {d['timing_prompts']} held-out prompts (the median of the per-round "
+          f"ratios to AR), accuracy on {d['accuracy_prompts']:,}; {d['machine']}; tau = {tau} (every row, tau = "
+          "0.9 too: the file's `rows`).\n")
     table(["batch", "cache", "AR tok/s", "fixed vs AR", "auto vs AR", "accuracy fixed / auto"],
           [(b, cache + (f" (B_cache {bc})" if bc else ""), f"{ar[b]['tokens_per_second']:.0f}",
             *(f"{r[k]['speedup']:.2f}x" for k in ("fixed", "auto")),
             " / ".join(pct(r[k]["accuracy"]) for k in ("fixed", "auto")))
-           for (cache, bc, b), r in by.items()])
+           for (cache, bc, b), r in sorted(by.items(), key=lambda kv: (kv[0][0] != "sliding", kv[0][2]))])
 
 
 def test_times():
@@ -261,8 +315,9 @@ def test_times():
 def records(sources, columns, where=None):
     """A table of records: each of sources, FILE:PATH, leads to one record (a dict) or a list of
     them in docs/FILE.json (PATH empty: the whole file). columns maps each header to a template
-    whose {PATH|FORMAT?DEFAULT} fields are read from the record (DEFAULT, else "-", where it has
-    none); where maps a path to the values a record must hold there."""
+    whose {PATH|FORMAT?DEFAULT} fields are read from the record (DEFAULT where it has none, else
+    "-", and "-" for the whole cell when it has none of them); where maps a path to the values a
+    record must hold there."""
     def value(record, path):
         try:
             return get(record, path)
@@ -276,20 +331,34 @@ def records(sources, columns, where=None):
             return "-" if default is None else default
         return FORMATS[fmt](v) if fmt in FORMATS else format(v, fmt or "")
 
+    def cell(record, template):
+        fields = list(RECORD_FIELD.finditer(template))
+        if fields and all(value(record, m[1]) is None and m[3] is None for m in fields):
+            return "-"
+        return RECORD_FIELD.sub(lambda m: field(record, m), template)
+
     rows = []
     for source in sources:
         name, _, path = source.partition(":")
         found = get(load(name), path)
         rows += found if isinstance(found, list) else [found]
     rows = [r for r in rows if all(value(r, k) in v for k, v in (where or {}).items())]
-    table(list(columns), [[re.sub(r"\{([^{}|?]+)(?:\|([^{}?]*))?(?:\?([^{}]*))?\}", lambda m: field(r, m), t)
-                           for t in columns.values()] for r in rows])
+    table(list(columns), [[cell(r, t) for t in columns.values()] for r in rows])
 
 
+RECORD_FIELD = re.compile(r"\{([^{}|?]+)(?:\|([^{}?]*))?(?:\?([^{}]*))?\}")
 # the columns of extras.serving.serve's runs (serve.json), per phase and over the whole trace
 SERVE = {"policy": "{policy}", "phase": "{phase?whole trace}", "latency p50 / p99 (s)": "{p50_latency|.3f} / {p99_latency|.3f}",
          "goodput (req/s)": "{goodput|.1f}", "tokens/forward": "{tokens_per_forward|.2f}", "mean tau": "{mean_tau|.3f}",
          "accuracy": "{accuracy|pct}"}
+# the columns of extras.real.eval's decoders (quality only on checkable instructions), and of a
+# wall-clock pass against AR (predicted only in extras.real.decode_speed's)
+EVAL = {"model, decoder": "{decoder}", "checks passed (95% CI)": "{quality.pass|pct} {quality.ci|ci}",
+        "tokens/forward": "{tokens_per_forward|.3f}", "teacher-forced agreement": "{ar_agreement|pct}",
+        "identical to MARS AR": "{identical_to_mars_ar|pct}", "cut off": "{cut_off}"}
+WALL = {"decoder": "{decoder}", "batch": "{batch_size}", "prompts": "{prompts}", "tokens/s": "{tokens_per_second|.1f}",
+        "tokens/forward": "{tokens_per_forward|.3f}", "speedup over AR": "{speedup|x}",
+        "predicted": "{predicted_speedup|x}"}
 
 
 # the command
