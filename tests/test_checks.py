@@ -1,5 +1,6 @@
 """notebooks/checks.py: every check says "right" to the reference, "not done yet" to the unfilled
-stub, and "wrong: ..." to known-wrong versions of the method; none raises, whatever the function does."""
+stub, and "wrong: ..." to known-wrong versions of the method, naming the mistake where it is a known one
+and saying where the output first differs otherwise; none raises, whatever the function does."""
 import sys
 from types import SimpleNamespace
 
@@ -29,13 +30,15 @@ def crashes(*args):
 
 
 def assert_verdicts(check, right, wrongs, *context):
+    """wrongs: {the mistake: (a version with it, what its verdict says)}; a known mistake's verdict names it and
+    then says where the output first differs."""
     assert check(right, *context) == "right"
     for not_done in (stub, returns_none, lambda *a: ...):
         assert check(not_done, *context) == "not done yet"
     assert check(crashes, *context).startswith("wrong: raised ZeroDivisionError: a student's bug")
-    for name, wrong in wrongs.items():
+    for name, (wrong, says) in wrongs.items():
         said = check(wrong, *context)
-        assert said.startswith("wrong: "), f"{name}: {said}"
+        assert said.startswith("wrong: ") and says in said, f"{name}: {said}"
 
 
 # ---------------------------------------------------------------------------
@@ -54,22 +57,38 @@ within_block = lambda pos, blk, causal: causal & (blk[None, :] == blk[:, None])
 earlier_blocks = lambda blk: blk[None, :] < blk[:, None]
 
 
+def blocks_over_2T(T, B):
+    """Blocks counted over the 2T indices of [noisy | clean], not over each stream's positions."""
+    idx = torch.arange(2 * T)
+    i, j, noisy = idx[:, None], idx[None, :], idx < T
+    same_block = i // B == j // B
+    return ((noisy[:, None] & noisy[None, :] & same_block & (j <= i))
+            | (noisy[:, None] & ~noisy[None, :] & (j // B < i // B))
+            | (~noisy[:, None] & ~noisy[None, :] & (j <= i)))
+
+
 def test_check_mask_rule():
     wrongs = {
-        "bidirectional within the block": lambda T, B: mask_from(
-            T, B, lambda pos, blk, causal: blk[None, :] == blk[:, None], earlier_blocks),
-        "noisy -> clean including its own block": lambda T, B: mask_from(
-            T, B, within_block, lambda blk: blk[None, :] <= blk[:, None]),
-        "clean -> noisy allowed": lambda T, B: mask_from(
+        "bidirectional within the block": (lambda T, B: mask_from(
+            T, B, lambda pos, blk, causal: blk[None, :] == blk[:, None], earlier_blocks), "sees the whole block"),
+        "noisy -> clean including its own block": (lambda T, B: mask_from(
+            T, B, within_block, lambda blk: blk[None, :] <= blk[:, None]), "includes the query's own block"),
+        "clean -> noisy allowed": (lambda T, B: mask_from(
             T, B, within_block, earlier_blocks, torch.arange(T)[None, :] <= torch.arange(T)[:, None]),
-        "noisy -> noisy causal across blocks": lambda T, B: mask_from(
-            T, B, lambda pos, blk, causal: causal, earlier_blocks),
-        "an int mask": lambda T, B: mars.mars_attention_mask(T, B).long(),
-        "(T, T) only": lambda T, B: mars.mars_attention_mask(T, B)[:T, :T],
+            "clean -> noisy is allowed"),
+        "noisy -> noisy causal across blocks": (lambda T, B: mask_from(
+            T, B, lambda pos, blk, causal: causal, earlier_blocks), "noisy -> noisy crosses blocks"),
+        "blocks counted over 2T": (blocks_over_2T, "counted over the 2T indices"),
+        "an int mask": (lambda T, B: mars.mars_attention_mask(T, B).long(), "expected torch.bool"),
+        "(T, T) only": (lambda T, B: mars.mars_attention_mask(T, B)[:T, :T], "shape"),
+        "clean -> clean sees later positions (no known mistake)": (
+            lambda T, B: torch.cat([mars.mars_attention_mask(T, B)[:T], torch.ones(T, 2 * T, dtype=torch.bool)]),
+            "wrong: on seq_len = 12, B = 4, query c0 -> key n0 (clean -> noisy): expected False, got True"),
     }
     assert_verdicts(checks.check_mask_rule, mars.mars_attention_mask, wrongs)
-    said = checks.check_mask_rule(wrongs["noisy -> clean including its own block"])
-    assert "noisy -> clean" in said and "expected False, got True" in said
+    said = checks.check_mask_rule(wrongs["noisy -> clean including its own block"][0])
+    assert "First difference: on seq_len = 12, B = 4, query n0 -> key c0 (noisy -> clean): expected False, " \
+           "got True" in said
 
 
 def is_response(y):
@@ -85,16 +104,17 @@ def in_place(x, y, mask_id):
 
 def test_check_noisy_copy():
     wrongs = {
-        "masks where y has a target (the <|assistant|> position too)":
-            lambda x, y, m: torch.where(y != -1, torch.full_like(x, m), x),
-        "leaves the end-of-text padding unmasked":
+        "masks where y has a target (the <|assistant|> position too)": (
+            lambda x, y, m: torch.where(y != -1, torch.full_like(x, m), x), "(a prompt position, holding id"),
+        "leaves the end-of-text padding unmasked": (
             lambda x, y, m: torch.where(is_response(y) & (x != checks.EOT), torch.full_like(x, m), x),
-        "masks to the end of the row (the right padding too)":
+            "(a response position, holding <|endoftext|>): expected <|mask|>, got <|endoftext|>"),
+        "masks to the end of the row (the right padding too)": (
             lambda x, y, m: torch.where(is_response(y).cummax(1).values, torch.full_like(x, m), x),
-        "changes x in place": in_place,
+            "(right padding after the answer, holding <|endoftext|>): expected <|endoftext|>, got <|mask|>"),
+        "changes x in place": (in_place, "in place"),
     }
     assert_verdicts(checks.check_noisy_copy, mars.noisy_copy, wrongs)
-    assert "in place" in checks.check_noisy_copy(in_place)
 
 
 # ---------------------------------------------------------------------------
@@ -128,26 +148,48 @@ def over_all_positions(noisy_logits, clean_logits, targets, ar_weight):
     return (noisy + ar_weight * clean).mean(), noisy.mean(), clean.mean()
 
 
+def as_floats(noisy_logits, clean_logits, targets, ar_weight):
+    loss, noisy, clean = two_part_loss(noisy_logits, clean_logits, targets, ar_weight)
+    return loss.item(), noisy.item(), clean.item()
+
+
+def detached_clean(noisy_logits, clean_logits, targets, ar_weight):
+    return two_part_loss(noisy_logits, clean_logits.detach(), targets, ar_weight)
+
+
+def sums_over_sequences(noisy_logits, clean_logits, targets, ar_weight):
+    return tuple(part * targets.shape[0] for part in two_part_loss(noisy_logits, clean_logits, targets, ar_weight))
+
+
 def test_check_mars_loss():
     wrongs = {
-        "the token mean": token_mean,
-        "ar_weight on the noisy term": weight_on_noisy,
-        "divides by T": over_all_positions,
-        "noisy and clean swapped": lambda n, c, t, a: two_part_loss(c, n, t, a),
-        "without ar_weight": lambda n, c, t, a: two_part_loss(n, c, t, 1.0),
-        "one number": lambda n, c, t, a: two_part_loss(n, c, t, a)[0],
+        "the token mean": (token_mean, "a token mean over the whole batch"),
+        "ar_weight on the noisy term": (weight_on_noisy, "ar_weight (alpha) on the noisy term"),
+        "divides by T": (over_all_positions, "divided by T"),
+        "noisy and clean swapped": (lambda n, c, t, a: two_part_loss(c, n, t, a), "noisy and clean swapped"),
+        "without ar_weight": (lambda n, c, t, a: two_part_loss(n, c, t, 1.0), "ar_weight left out"),
+        "one number": (lambda n, c, t, a: two_part_loss(n, c, t, a)[0], "not (loss, noisy, clean)"),
+        ".item() floats": (as_floats, "loss is a float, not a tensor: .item()"),
+        "a new tensor from .item()": (lambda *a: tuple(torch.tensor(v) for v in as_floats(*a)),
+                                      "loss carries no gradient"),
+        "the clean term from clean_logits.detach()": (detached_clean, "the clean term carries no gradient"),
+        "sums over the sequences (no known mistake)": (
+            sums_over_sequences, "wrong: on a batch x of shape (3, 11), B = 4, ar_weight = 1.0: loss expected "),
     }
     assert_verdicts(checks.check_mars_loss, two_part_loss, wrongs)
+    said = checks.check_mars_loss(token_mean)
+    assert "First difference: on a batch x of shape (3, 11), B = 4, ar_weight = 1.0: loss expected" in said
 
 
-def test_the_loss_cases_reproduce_mars_loss_from_the_full_forward():
-    """The check's premise: mars_loss (which may leave idle noisy positions out) equals the loss computed from
-    the full forward's logits, and the cases do leave some out."""
-    skipped = 0
-    for x, y, B_, ar_weight, logits, reference in checks.loss_cases():
-        T = x.shape[1]
-        mine = two_part_loss(logits[:, :T], logits[:, T:], y, ar_weight)
-        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(mine, reference))
+def test_the_loss_cases_reproduce_mars_loss_on_the_model():
+    """The check's premise: mars_loss on the stand-in for the full forward's logits is mars_loss on the model
+    (which may leave idle noisy positions out), and the cases do leave some out."""
+    skipped, net = 0, checks.loss_model()
+    for x, y, B_, ar_weight, logits in checks.loss_cases():
+        with torch.no_grad():
+            reference = mars.mars_loss(net, x, y, checks.MASK, B_, ar_weight)
+        from_logits = mars.mars_loss(checks.stand_in(logits), x, y, checks.MASK, B_, ar_weight)
+        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(from_logits, reference))
         skipped += mars.idle_noisy_positions(y, B_)
     assert skipped > 0
 
@@ -183,24 +225,38 @@ def first_not_forced(conf, tau):
     return ((conf >= tau) & (tau < 1)).long().cumprod(dim=1).sum(dim=1)
 
 
+def float64_loop(conf, tau):
+    """A Python loop over conf.tolist(): float32 confidences compared with tau in float64."""
+    counts = []
+    for row in conf.tolist():
+        n = 1
+        while n < len(row) and tau < 1 and row[n] >= tau:
+            n += 1
+        counts.append(n)
+    return torch.tensor(counts)
+
+
 def test_check_accept():
-    wrongs = {"> instead of >=": strict, "does not stop at the first miss": no_stop,
-              "commits 2 at tau 1.0 after a confidence of 1.0": no_tau_1_rule,
-              "the first prediction not always committed": first_not_forced,
-              "one too many": lambda c, t: my_accept(c, t) + 1}
+    wrongs = {"> instead of >=": (strict, "`>` where the rule is `>=`"),
+              "does not stop at the first miss": (no_stop, "it goes on after the first confidence below tau"),
+              "float64 against float32": (float64_loop, "compared in float64: conf is float32"),
+              "commits 2 at tau 1.0 after a confidence of 1.0": (no_tau_1_rule, "at tau = 1.0 it commits more"),
+              "the first prediction not always committed": (first_not_forced, "the first prediction (the AR token)"),
+              "one too many (no known mistake)": (lambda c, t: my_accept(c, t) + 1,
+                                                  "wrong: confidences [0.95, 0.97, 0.91, 0.62] at tau = 0.9: "
+                                                  "expected 3, got 4")}
     assert_verdicts(checks.check_accept, my_accept, wrongs)
-    assert "tau = 1.0" in checks.check_accept(no_tau_1_rule)
 
 
-def window_with(offset=0, masks=B - 1, rule=my_accept):
+def window_with(offset=0, masks=B - 1, rule=my_accept, ban=True, end=True):
     def one_window(model, prompt, tau):
         n_masks = masks if tau < 1 else 0
         ids = prompt + [MASK] * n_masks
         with torch.no_grad():
             logits = model(torch.tensor([ids]))[0, len(prompt) - 1 + offset:]
-        tokens, conf = mars.choose(mars.banned(logits, MASK, V))
+        tokens, conf = mars.choose(mars.banned(logits, MASK, V) if ban else logits)
         n = int(rule(conf[None], tau)[0])
-        return mars.through_eot(tokens[:n].tolist(), EOT)
+        return mars.through_eot(tokens[:n].tolist(), EOT) if end else tokens[:n].tolist()
     return one_window
 
 
@@ -208,11 +264,16 @@ def test_check_window():
     model = random_model(seed=3)
     tok = SimpleNamespace(eot=EOT, mask=MASK, n_vocab=V, decode=lambda ids: " ".join(map(str, ids)))
     prompts = random_prompts([3, 5, 8, 4, 6, 7, 9, 5])
-    wrongs = {"reads the predictions one position late": window_with(offset=1),
-              "feeds B masks, commits up to B + 1": window_with(masks=B),
-              "does not stop at the first miss": window_with(rule=no_stop),
-              "never commits more than one": window_with(rule=lambda c, t: torch.ones(1, dtype=torch.long))}
+    wrongs = {"without through_eot": (window_with(end=False), "past <|endoftext|>"),
+              "without banned": (window_with(ban=False), "committed <|mask|>"),
+              "feeds B masks, commits up to B + 1": (window_with(masks=B), "more than a window's B = 4"),
+              "reads the predictions one position late": (window_with(offset=1), "raised IndexError"),
+              "does not stop at the first miss": (window_with(rule=no_stop), "first differ"),
+              "never commits more than one": (window_with(rule=lambda c, t: torch.ones(1, dtype=torch.long)),
+                                              "first differ")}
     assert_verdicts(checks.check_window, window_with(), wrongs, model, tok, B, prompts)
+    assert "the model's top choice made <|endoftext|>" in checks.check_window(window_with(end=False), model, tok, B,
+                                                                               prompts)
 
 
 # ---------------------------------------------------------------------------
@@ -227,12 +288,14 @@ def next_rung(rung, load, gap=0.5):
 
 
 def test_check_next_rung():
-    wrongs = {"no gap": lambda r, load: next_rung(r, load, gap=0.0),
-              ">= at the threshold": lambda r, load: next_rung(r, load + 1e-9) if load == 1.0 + 0.5 * r else
-              next_rung(r, load),
-              "several rungs at once": lambda r, load: min(3, sum(load > 1.0 + 0.5 * k for k in range(3))),
-              "never climbs back": lambda r, load: max(r, next_rung(r, load)),
-              "past the last rung": lambda r, load: r + 1 if load > 1.0 + 0.5 * r else next_rung(r, load)}
+    wrongs = {"no gap": (lambda r, load: next_rung(r, load, gap=0.0), "smoothed load 0.5: expected rung 1, got 0"),
+              ">= at the threshold": (lambda r, load: next_rung(r, load + 1e-9) if load == 1.0 + 0.5 * r else
+                                      next_rung(r, load), "smoothed load 1.0: expected rung 0, got 1"),
+              "several rungs at once": (lambda r, load: min(3, sum(load > 1.0 + 0.5 * k for k in range(3))),
+                                        "expected rung 1, got 2"),
+              "never climbs back": (lambda r, load: max(r, next_rung(r, load)), "load 0.0: expected rung 0, got 1"),
+              "past the last rung": (lambda r, load: r + 1 if load > 1.0 + 0.5 * r else next_rung(r, load),
+                                     "expected rung 3, got 4")}
     assert_verdicts(checks.check_next_rung, next_rung, wrongs)
 
 
@@ -246,6 +309,8 @@ def test_check_next_rung():
     (0.91, 0.9100000262, 1e-6, "match"),
     (["c1", "n4", "c0"], {"n4", "c0", "c1"}, 0, "match"),
     (["n4"], {"n4", "c0"}, 0, "no match"),
+    ({"4": 48, " 2": 60}, {4: 48, 2: 60}, 0, "match"),
+    ({"0.9": 3, 1.0: 1}, {0.9: 3, 1.0: 1}, 0, "match"),
     ("Noisy ", "noisy", 0, "match"),
     ("yes", True, 0, "match"),
     (1, False, 0, "no match"),
