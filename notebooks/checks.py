@@ -23,7 +23,7 @@ V, EOT, MASK = 40, 38, 39  # the checks' vocabulary: ordinary ids 0..37, then <|
 
 
 class Verdict(Exception):
-    """Stops a check at the first input that decides it."""
+    """A check's verdict, raised where it is decided."""
 
 
 def verdict(name, check):
@@ -94,28 +94,26 @@ def stream(i, T):
     return f"n{i}" if i < T else f"c{i - T}"
 
 
-def quadrant_set(query, key, rule):
-    """The MARS mask with one quadrant (query stream -> key stream; 0 noisy, 1 clean) set by rule(i, j, block_i,
-    block_j) of the positions in their streams (i a column, j a row)."""
-    def mask(T, B):
-        m, pos = mars.mars_attention_mask(T, B), torch.arange(T)
-        m[query * T:(query + 1) * T, key * T:(key + 1) * T] = rule(pos[:, None], pos[None, :], pos[:, None] // B,
-                                                                    pos[None, :] // B)
+def mask_mistakes(T, B):
+    """The known wrong masks: {mistake: the MARS mask with one quadrant (query stream -> key stream) changed}."""
+    pos = torch.arange(T)
+    i, j, block_i, block_j = pos[:, None], pos[None, :], pos[:, None] // B, pos[None, :] // B
+
+    def changed(query, key, rule):  # 0: noisy, 1: clean
+        m = mars.mars_attention_mask(T, B)
+        m[query * T:(query + 1) * T, key * T:(key + 1) * T] = rule
         return m
-    return mask
-
-
-MASK_MISTAKES = {  # noisy -> clean empty: the blocks of the 2T indices, (T + j) // B, never precede i // B
-    "noisy -> clean is empty: are the blocks counted over the 2T indices? block(p) = p // B, with p the "
-    "position in its own stream (0..T-1)": quadrant_set(0, 1, lambda i, j, bi, bj: False),
-    "noisy -> clean includes the query's own block, where the clean stream holds the very tokens the noisy "
-    "one must predict: earlier blocks only": quadrant_set(0, 1, lambda i, j, bi, bj: bj <= bi),
-    "noisy -> noisy sees the whole block, later positions too: causal within the block":
-        quadrant_set(0, 0, lambda i, j, bi, bj: bj == bi),
-    "noisy -> noisy crosses blocks: its own block only": quadrant_set(0, 0, lambda i, j, bi, bj: j <= i),
-    "clean -> noisy is allowed: the clean stream is a plain AR model, it never sees the noisy one":
-        quadrant_set(1, 0, lambda i, j, bi, bj: j <= i),
-}
+    return {  # blocks counted over the 2T indices: a clean key's, (T + j) // B, never precedes a noisy query's
+        "noisy -> clean is empty: are the blocks counted over the 2T indices? block(p) = p // B, with p the "
+        "position in its own stream (0..T-1)": changed(0, 1, False),
+        "noisy -> clean includes the query's own block, where the clean stream holds the very tokens the noisy "
+        "one must predict: earlier blocks only": changed(0, 1, block_j <= block_i),
+        "noisy -> noisy sees the whole block, later positions too: causal within the block":
+            changed(0, 0, block_j == block_i),
+        "noisy -> noisy crosses blocks: its own block only": changed(0, 0, j <= i),
+        "clean -> noisy is allowed: the clean stream is a plain AR model, it never sees the noisy one":
+            changed(1, 0, j <= i),
+    }
 
 
 def check_mask_rule(fn):
@@ -128,14 +126,13 @@ def check_mask_rule(fn):
             if got.dtype != torch.bool:
                 raise Verdict(f"wrong: a {got.dtype} mask, expected torch.bool (True = may attend) (on {where})")
             seen.append(((T, B), got))
-        mistakes = lambda T, B: {name: mask(T, B) for name, mask in MASK_MISTAKES.items()}
         for (T, B), got in seen:
             want = mars.mars_attention_mask(T, B)
             bad = (got != want).nonzero().tolist()
             if bad:
                 i, j = bad[0]
                 kind = ["noisy", "clean"][i >= T] + " -> " + ["noisy", "clean"][j >= T]
-                raise wrong(known_mistake(mistakes, seen, torch.equal),
+                raise wrong(known_mistake(mask_mistakes, seen, torch.equal),
                             f"on seq_len = {T}, B = {B}, query {stream(i, T)} -> key {stream(j, T)} ({kind}): "
                             f"expected {bool(want[i, j])}, got {bool(got[i, j])} ({len(bad)} entries differ)")
     return verdict("check_mask_rule", run)
@@ -298,12 +295,12 @@ def up_to_first_miss(ok):
 def accept_mistakes(conf, tau):
     """What the known wrong versions of accept commit: {mistake: (b,)}."""
     passes = (conf >= tau) & (tau < 1)
-    every_pass = passes.clone()
-    every_pass[:, 0] = True
+    with_first = passes.clone()
+    with_first[:, 0] = True
     return {
         "`>` where the rule is `>=`: a confidence equal to tau is committed too": up_to_first_miss(conf > tau),
         "it goes on after the first confidence below tau: it stops there, and commits nothing after it":
-            every_pass.long().sum(dim=1),
+            with_first.long().sum(dim=1),
         "a confidence equal to tau is not committed, as it is compared in float64: conf is float32 and tau a "
         "Python float (float64), and 0.9 in float32 is 0.8999999762. Compare in conf's dtype, on the tensor "
         "(conf >= tau, as mars.accept does), not on .item() or .tolist() numbers":
@@ -358,7 +355,6 @@ def window_mistake(got, tok, B):
         return "it commits past <|endoftext|>: the answer ends at the first one (mars.through_eot)"
     if len(got) > B:
         return f"it commits {len(got)} tokens, more than a window's B = {B} predictions"
-    return None
 
 
 def check_window(fn, model, tok, B, prompts, taus=(1.0, 0.9, 0.6, 0.3)):
@@ -366,8 +362,9 @@ def check_window(fn, model, tok, B, prompts, taus=(1.0, 0.9, 0.6, 0.3)):
     the first forward of sample.generate, for every prompt and tau; then on the first prompts with the model's
     top choice made <|endoftext|> (every answer shorter than B) and then <|mask|>."""
     def run():
-        models = [(model, prompts, "")] + [(top_choice(model, t), prompts[:3], f", the model's top choice made {s}")
-                                           for t, s in ((tok.eot, "<|endoftext|>"), (tok.mask, "<|mask|>"))]
+        models = [(model, prompts, ""),  # then with every answer shorter than B, and with <|mask|> to ban
+                  (top_choice(model, tok.eot), prompts[:3], ", the model's top choice made <|endoftext|>"),
+                  (top_choice(model, tok.mask), prompts[:3], ", the model's top choice made <|mask|>")]
         for net, some, which in models:
             for tau in taus:
                 for i, prompt in enumerate(some):
