@@ -148,14 +148,24 @@ def show_run(out_dir):
         if "val_accuracy" in last:
             print(f"validation accuracy {100 * last['val_accuracy']:.1f}%: " + ", ".join(
                 f"{k} {100 * v:.0f}" for k, v in last["val_per_task"].items()))
-    path = os.path.join(out_dir, "summary.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            table = json.load(f)
+    if os.path.exists(os.path.join(out_dir, "summary.json")):
+        table, pair = summary(out_dir)
         print(f"\nheld-out test set ({table[0]['n']} prompts)\n"
               "| model | accuracy | tokens/forward |\n|---|---|---|")
         for r in table:
             print(f"| {r['model']} | {100 * r['accuracy']:.1f}% | {r['tokens_per_forward']:.2f} |")
+        if pair:
+            lo, hi = pair["ci"]
+            print(f"MARS tau=1.0 minus stage 1: {100 * pair['diff']:+.1f} points [{100 * lo:+.1f}, "
+                  f"{100 * hi:+.1f}] on the same prompts")
+
+
+def summary(out_dir):
+    """A run's summary.json: (its table, MARS tau=1.0 minus stage 1 on the same prompts with a
+    95% interval; None from a summary written before train.summary paired them)."""
+    with open(os.path.join(out_dir, "summary.json")) as f:
+        saved = json.load(f)
+    return (saved["table"], saved["mars_tau1_minus_ar"]) if isinstance(saved, dict) else (saved, None)
 
 
 def mars_checkpoint():
