@@ -21,4 +21,7 @@ def test_a_batch_commits_what_each_prompt_commits_alone(tiny_run, name, tau, max
     batch = sample.generate(model, prompts, tok.eot, tok.mask, B, tau, max_new, n_vocab=tok.n_vocab)
     assert batch == alone
     assert len({len(out) for out, _ in batch}) > 1  # rows left the batch at different forwards
-    assert any(len(chunks) < len(out) for out, chunks in batch) == (tau < 0.5)  # the tiny model's masks pass a low tau
+    for p, (out, chunks) in zip(prompts, batch):  # a row stops at its budget or its first <|endoftext|>
+        assert len(out) == min(max_new, model.config.max_seq_len - len(p)) or out[-1] == tok.eot
+        assert tok.eot not in out[:-1] and sum(chunks, []) == out
+        assert all(1 <= len(c) <= (1 if tau == 1.0 else B) for c in chunks)  # a forward commits 1 to B
