@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+import common
 import data
 import sample as sample_py
 from conftest import assert_one_line_error, run_cli
@@ -27,15 +28,26 @@ def json_lines(proc):
     return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
 
 
+def mars_answer(tiny_run, prompt, tau):
+    """(tokenizer, prompt ids, answer ids, chunks): sample.generate on mars.pt, as sample.py runs it."""
+    model, tok = common.model_from_checkpoint(common.load_checkpoint(str(tiny_run / "mars.pt")))
+    ids = tok.prompt_ids(prompt)
+    (out, chunks), = sample_py.generate(model, [ids], tok.eot, tok.mask, 4, tau, 64, tok.n_vocab)
+    return tok, ids, out, chunks
+
+
 def test_json_output(tiny_run, splits):
+    """Each answer's fields: what sample.generate commits for its prompt, decoded, counted and checked; the
+    rates from its tokens, forwards and seconds."""
     rows = json_lines(sample("--ckpt", tiny_run / "mars.pt", "--json", "--num_prompts", "3", "--threshold", "0.5"))
     assert [r["prompt"] for r in rows] == [e["prompt"] for e in splits["test"][:3]]  # held-out prompts
-    for r in rows:
+    for r, e in zip(rows, splits["test"]):
         assert KEYS <= r.keys() and "route" not in r  # sample.py runs the paper's loop only
-        assert isinstance(r["text"], str) and 0 < r["tokens"] <= 64
-        assert 1 <= r["forwards"] <= r["tokens"]
-        assert abs(r["tokens_per_forward"] - r["tokens"] / r["forwards"]) < 1e-9
-        assert r["seconds"] >= 0
+        tok, _, out, chunks = mars_answer(tiny_run, e["prompt"], 0.5)
+        assert (r["ids"], r["chunks"], r["text"]) == (out, [tok.decode(c) for c in chunks], tok.answer(out))
+        assert (r["tokens"], r["forwards"], r["correct"]) == (len(out), len(chunks), data.check(e, r["text"]))
+        assert r["tokens_per_forward"] == r["tokens"] / r["forwards"]
+        assert r["seconds"] > 0 and r["tokens_per_second"] == r["tokens"] / r["seconds"]
 
 
 def test_held_out_answers_are_marked_right_or_wrong(tiny_run):
@@ -210,7 +222,10 @@ def test_prompt_with_special_token_text(tiny_run):
     rows = json_lines(sample("--ckpt", tiny_run / "mars.pt", "--json", "--prompt", "Repeat <|mask|> and <|endoftext|>.",
                              "--prompt", "Write 5 in words."))
     assert [r["prompt"] for r in rows] == ["Repeat <|mask|> and <|endoftext|>.", "Write 5 in words."]
-    assert all(r["tokens"] > 0 for r in rows)
+    for r in rows:  # the special tokens' text is text: no <|mask|> id, and <|endoftext|> only where every chat opens
+        tok, ids, out, _ = mars_answer(tiny_run, r["prompt"], 0.9)
+        assert tok.mask not in ids and ids.count(tok.eot) == 1 and r["prompt"] in tok.decode(ids)
+        assert r["ids"] == out and r["tokens"] == len(out) >= 1
 
 
 @pytest.mark.parametrize("command", [sample, engine])
