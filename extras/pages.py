@@ -316,8 +316,8 @@ def records(sources, columns, where=None):
     """A table of records: each of sources, FILE:PATH, leads to one record (a dict) or a list of
     them in docs/FILE.json (PATH empty: the whole file). columns maps each header to a template
     whose {PATH|FORMAT?DEFAULT} fields are read from the record (DEFAULT where it has none, else
-    "-", and "-" for the whole cell when it has none of them); where maps a path to the values a
-    record must hold there."""
+    "-", and "-" for the whole cell when it has none of them; a column that no record has is left
+    out); where maps a path to the values a record must hold there."""
     def value(record, path):
         try:
             return get(record, path)
@@ -343,7 +343,9 @@ def records(sources, columns, where=None):
         found = get(load(name), path)
         rows += found if isinstance(found, list) else [found]
     rows = [r for r in rows if all(value(r, k) in v for k, v in (where or {}).items())]
-    table(list(columns), [[cell(r, t) for t in columns.values()] for r in rows])
+    cells = [[cell(r, t) for t in columns.values()] for r in rows]
+    keep = [i for i in range(len(columns)) if any(row[i] != "-" for row in cells)]  # a column no record has goes
+    table([list(columns)[i] for i in keep], [[row[i] for i in keep] for row in cells])
 
 
 RECORD_FIELD = re.compile(r"\{([^{}|?]+)(?:\|([^{}?]*))?(?:\?([^{}]*))?\}")
