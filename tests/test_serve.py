@@ -128,8 +128,17 @@ def test_cli_end_to_end(tiny_run, tmp_path):
     runs = result["runs"]
     assert [(r["policy"], r["phase"]) for r in runs] == [(p, ph) for p in ("ar", "tau=1.0", "tau=0.9", "adaptive")
                                                           for ph in ("light", "overload", "recovery")]
+    # every policy serves the trace's arrivals of each phase: the trace its phases, seed and prompts make
+    ckpt = common.load_checkpoint(str(tiny_run / "mars.pt"))
+    model, tok = common.model_from_checkpoint(ckpt)
+    test, _ = scheduler.prompts_for_load(ckpt, tok, model.config.max_seq_len, 4)
+    phases = [(p["phase"], p["rate"], p["seconds"]) for p in result["phases"]]
+    arrivals, start, count = [t for t, _ in scheduler.make_trace(test, phases, result["seed"])], 0.0, {}
+    for name, _, secs in phases:
+        count[name], start = sum(start <= t < start + secs for t in arrivals), start + secs
+    assert [w["requests"] for w in result["whole_trace"]] == [len(arrivals)] * 4 and min(count.values()) > 0
     for r in runs:
-        assert keys <= r.keys() and r["requests"] > 0
+        assert keys <= r.keys() and r["requests"] == count[r["phase"]]
         assert 0 < r["p50_latency"] <= r["p99_latency"] and 0 < r["p50_ttft"] <= r["p99_ttft"]
         assert 0 <= r["accuracy"] <= 1 and r["tokens_per_forward"] >= 1 and 0 < r["mean_tau"] <= 1
     by = {(r["policy"], r["phase"]): r for r in runs}
@@ -154,7 +163,9 @@ def test_cli_masks_auto_sizes_windows_by_the_clocks_cost_model(tiny_run, tmp_pat
         assert by[("tau=1.0", phase)]["tokens_per_forward"] == 1.0
         assert {k: v for k, v in by[("ar", phase)].items() if k != "policy"} == \
                {k: v for k, v in by[("tau=1.0", phase)].items() if k != "policy"}
-        assert by[("tau=0.9", phase)]["tokens_per_forward"] >= 1
+        low = by[("tau=0.9", phase)]  # the same arrivals, at tau 0.9 in every forward, 1 to B tokens a forward
+        assert low["requests"] == by[("ar", phase)]["requests"] and low["mean_tau"] == pytest.approx(0.9)
+        assert 1 <= low["tokens_per_forward"] <= result["B"]
 
 
 BAD_FLAGS = [(["--max_batch", "0"], "--max_batch must be at least 1"),
