@@ -39,12 +39,11 @@ import os
 import sys
 from pathlib import Path
 
+import nbclient
+import nbformat
 import pytest
 
 from conftest import ONE_THREAD
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = ["01_attention_mask.ipynb", "02_training.ipynb", "03_sampling.ipynb", "04_serving_under_load.ipynb",
