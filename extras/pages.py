@@ -10,7 +10,7 @@ inside HTML comments so that the rendered page shows only the text:
 
 After a JSON in docs/ changes, rewrite every page with
 
-    python -m extras.pages            # = cog -r -P -I extras -p "import pages" README.md docs/*.md
+    python -m extras.pages        # = cog -r -P -I extras -p "import pages" README.md docs/*.md
 
 and `python -m extras.pages --check` fails when a page differs from its files (tests/test_pages.py
 runs it). Each generator prints its lines (cog's -P). A figure inside a sentence is written by
@@ -132,6 +132,27 @@ def results_table(run, file="train_cpu"):
     rows = get(load(file), run)["summary_test"]
     table(["decoder (default run)", "accuracy", "tokens/forward"],
           [(model_name(r["model"]), pct(r["accuracy"]), f"{r['tokens_per_forward']:.2f}") for r in rows])
+
+
+READING = {  # the README's reading order: file -> what it holds ({generate}: its lines)
+    "README.md": "this page",
+    "mars.py": "the paper only: the mask, the noisy copy, the loss; the small rules of decoding",
+    "sample.py": "`generate` (lines {generate}), the paper's loop above; `predictions`, one forward",
+    "train.py": "the presets, data, model, optimizer, the loop of every stage, evaluation, checkpoints",
+    "model.py": "the transformer of Qwen2 and Llama, any attention mask, a plain KV cache",
+    "common.py": "what every command line shares; checkpoints saved and loaded",
+}
+
+
+def reading_order():
+    """The README's reading order, each file with its length in lines (counted, not typed)."""
+    import ast
+    tree = ast.parse((ROOT / "sample.py").read_text())
+    gen = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "generate")
+    lines = lambda name: len((ROOT / name).read_text().splitlines())
+    table(["file", "lines", "what it holds"],
+          [(f"`{name}`", lines(name), what.format(generate=f"{gen.lineno}-{gen.end_lineno}"))
+           for name, what in READING.items()])
 
 
 def recipe(name):
@@ -366,11 +387,16 @@ WALL = {"decoder": "{decoder}", "batch": "{batch_size}", "prompts": "{prompts}",
 # the command
 
 
-def main(argv=None):
-    """python -m extras.pages [--check]: rewrite every page (or check it) with cog."""
+def cog(paths, check=False):
+    """cog over paths: rewrite them, or (check) fail when one differs from its files. 0 if fine."""
     from cogapp import Cog
-    check = ["--check"] if "--check" in (argv or sys.argv[1:]) else ["-r"]
-    return Cog().main(["cog", *check, *COG, *(str(ROOT / p) for p in PAGES)])
+    mode = ["--check", "--check-fail-msg", "rewrite with: python -m extras.pages"] if check else ["-r"]
+    return Cog().main(["cog", *mode, "--verbosity", "1", *COG, *map(str, paths)])
+
+
+def main(argv=None):
+    """python -m extras.pages [--check]: rewrite every page (or check it)."""
+    return cog([ROOT / p for p in PAGES], check="--check" in (sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":
