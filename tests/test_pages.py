@@ -48,14 +48,14 @@ ALLOWED = [  # what reads as a number but is no run's figure: names, dates, sett
     r"\b20\d\d-\d\d-\d\d\b", r"\b20\d\d\b", r"\b[0-9a-f]{7,40}\b",
     r"\btau\s*(?:=|<=|>=)\s*[\d.]+", r"\bB\s*[=-]\s*\d+", r"\bB\s*\+\s*1", r"\bB_cache\s*=?\s*\d+",
     r"(?i)\bstages?[-\s][12]\b", r"\b0[1-5]\b", r"(?i)\bnotebooks? \d+", r"\bTables? \d+(?: and \d+)?",
-    r"\bFigures? \d+", r"(?i)\bissues? \d+", r"\b95% (?:CI|interval|confidence)", r"\bbatch\s*>\s*1\b",
+    r"\bFigures? \d+", r"(?i)\bissues? \d+", r"\b95% (?:CI|interval|confidence|Wilson)", r"\bbatch\s*>\s*1\b",
     r"\b(?:Qwen2(?:\.5)?|SmolLM2|Llama|GPT-2|H[12]00|A100|L4|T4|bf16|float32|float16|fp8|int8|AVX(?:2|512)\w*|"
     r"x86_64|p50|p99|v1|Python ?3(?:\.\d+)?|torch ?2\.\d+|arXiv ?[\d.]+|UTF-8|2T|top-\d|Q8_0|1/t)\S*",
     r"-\d+(?:\.\d+)?[BM]\b", r"\b\d+(?:\.\d+)?B\b", r"0\.\.T-1", r"\b1 - H", r"\(1 - c\)", r"\b\d+(?:st|nd|rd|th)\b",
     r"\b(?:batch|width|step|layer|row|prompt|position)s? \d+\b",
 ]
 PAPER = [  # the paper's own figures, cited (its Tables 2, 4 and 5, its recipe)
-    "5 epochs", "lr 5e-6", "warmup 3%", "batch 384", "0.5B", "7B", "+1.5 to +1.7", "1.5 to 1.9", "1.0 to 1.6",
+    "5 epochs", "lr 5e-6", "warmup 3%", "batch 384", "batch 4, 8 and 16",
 ]
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?%?")
 
