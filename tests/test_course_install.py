@@ -195,7 +195,7 @@ def unprovided(path, install):
 def test_an_import_the_install_lacks_is_caught(tmp_path):
     course = setup_check.install(NOTEBOOKS[0])
     planted = tmp_path / "planted.ipynb"
-    cases = {"import yaml": ["yaml"],  # a package, in a cell
+    cases = {"import gguf": ["gguf"],  # a package, in a cell
              "from extras.checkpoints import gguf_file": ["gguf", "safetensors"],  # a project module's, and its import's
              "def f():\n    from extras.serving import server": ["pydantic", "starlette", "uvicorn"],  # a cell's function runs
              "from extras.checkpoints import foreign": []}  # its readers load inside a function, for a real model only
