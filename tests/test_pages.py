@@ -11,6 +11,7 @@ import json
 import re
 import runpy
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -175,7 +176,9 @@ def known_flags(target):
     saved = sys.argv, argparse.ArgumentParser.parse_known_args
     sys.argv, argparse.ArgumentParser.parse_known_args = [target], capture  # parse_args calls it too
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module was imported before
             if target.endswith(".py"):
                 runpy.run_path(str(path), run_name="__main__")
             else:
