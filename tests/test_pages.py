@@ -56,7 +56,8 @@ ALLOWED = [  # what reads as a number but is no run's figure: names, dates, sett
     r"\b(?:batch|width|step|layer|row|prompt|position)s? \d+\b",
 ]
 PAPER = [  # the paper's own figures, cited (its Tables 2, 4 and 5, its recipe)
-    "5 epochs", "lr 5e-6", "warmup 3%", "batch 384", "batch 4, 8 and 16",
+    "5 epochs", "lr 5e-6", "warmup 3%", "batch 384", "batch 4, 8 and 16", "+1.5 to +1.7", "1.5 to 1.9",
+    "1.0 to 1.6",
 ]
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?%?")
 
