@@ -135,7 +135,6 @@ def results_table(run, file="train_cpu"):
 
 
 READING = {  # the README's reading order: file -> what it holds ({generate}: its lines)
-    "README.md": "this page",
     "mars.py": "the paper only: the mask, the noisy copy, the loss; the small rules of decoding",
     "sample.py": "`generate` (lines {generate}), the paper's loop above; `predictions`, one forward",
     "train.py": "the presets, data, model, optimizer, the loop of every stage, evaluation, checkpoints",
