@@ -220,27 +220,40 @@ def split_of(prompt, test=0.04, val=0.04):
     return "test" if u < test else "val" if u < test + val else "train"
 
 
-def build_instruction_set(seed=0, n_train=40000, n_val=500, n_test=2000, tasks=None):
+def build_instruction_set(seed=0, n_train=40000, n_val=500, n_test=2000, tasks=None, mix=None):
     """Deterministic train/val/test lists of {"task", "prompt", "response", "answer"}, of the families in
     `tasks` (default all).
 
     Train examples may repeat (as in any large instruction set); val and test
     hold distinct prompts, n_val and n_test split equally over the task families
-    (2,000 test prompts: one standard error of an accuracy near 90% is 0.7 points)."""
+    (2,000 test prompts: one standard error of an accuracy near 90% is 0.7 points).
+    `mix` changes some families' training shares (of MIX's): the training examples are then
+    drawn again from a stream of their own, so that the held-out prompts stay the same."""
     rng = random.Random(seed)
+    chosen = [t for t in TASKS if tasks is None or t in tasks]
+    held_out = dict(val=n_val // len(chosen), test=n_test // len(chosen))
+    splits = draw(rng, chosen, MIX, n_train, held_out)
+    if mix:
+        shares = {**MIX, **mix}
+        splits["train"] = draw(random.Random(f"train {seed}"), chosen, shares, n_train,
+                               dict(val=0, test=0))["train"]
+    return splits
+
+
+def draw(rng, chosen, shares, n_train, held_out):
+    """Examples of each chosen family until its quotas are met: training examples by the
+    families' shares, held-out ones as many per family, each prompt in its hash's split."""
     splits = {"train": [], "val": [], "test": []}
-    chosen = {t: f for t, f in TASKS.items() if tasks is None or t in tasks}
-    for task, (make_example, _) in chosen.items():
-        quota = {"train": round(n_train * MIX[task] / sum(MIX[t] for t in chosen)),
-                 "val": n_val // len(chosen), "test": n_test // len(chosen)}
-        shares = dict(test=0.25, val=0.06) if task in SMALL_FAMILIES else dict(test=0.04, val=0.04)
+    for task in chosen:
+        quota = {"train": round(n_train * shares[task] / sum(shares[t] for t in chosen)), **held_out}
+        split_shares = dict(test=0.25, val=0.06) if task in SMALL_FAMILIES else dict(test=0.04, val=0.04)
         count, seen = dict.fromkeys(splits, 0), set()
         for _ in range(40 * quota["train"]):  # small families run out of new held-out prompts
             if count["train"] >= quota["train"] and count["test"] >= quota["test"]:
                 break
-            question, response, answer = make_example(rng)
+            question, response, answer = TASKS[task][0](rng)
             prompt = rng.choice(OPENERS) + question
-            split = split_of(prompt, **shares)
+            split = split_of(prompt, **split_shares)
             if count[split] >= quota[split] or (split != "train" and prompt in seen):
                 continue
             seen.add(prompt)
@@ -300,17 +313,18 @@ def plain_text(example):
     return (p if isinstance(p, str) else "\n".join(m["content"] for m in p)) + "\n" + example["response"]
 
 
-def load_splits(data_path, seed, n_train, tasks=None, read=read_record):
+def load_splits(data_path, seed, n_train, tasks=None, read=read_record, mix=None):
     if data_path:
         return load_jsonl(data_path, read)
-    return build_instruction_set(seed, n_train, tasks=tasks)
+    return build_instruction_set(seed, n_train, tasks=tasks, mix=mix)
 
 
 def splits_of(train_config, read=read_record):
     """The splits a checkpoint was trained and scored on, from its train_config: where
     every tool finds a checkpoint's held-out prompts."""
-    c = train_config
-    return load_splits(c["data"], c["seed"], c["n_train"], c.get("tasks"), read)
+    c = train_config  # data_seed and mix: checkpoints from before they existed lack them
+    return load_splits(c["data"], c.get("data_seed", c["seed"]), c["n_train"], c.get("tasks"),
+                       read, c.get("mix"))
 
 
 # ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import common
 import data
 import mars
 import sample
+import stats
 import tokenizer
 from common import Config, Parser, UserError, add_device, add_table, check_device, listed
 from common import autocast, load_checkpoint, model_from_checkpoint, precision_rule, run_cli
@@ -31,7 +32,8 @@ from model import GPT, GPTConfig
 
 # presets: every number of a run, each also a flag
 
-COMMON = dict(B=4, ar_weight=1.0, buckets=16, grad_clip=1.0, seed=0, precision="auto",
+COMMON = dict(B=4, ar_weight=1.0, buckets=16, grad_clip=1.0, seed=0, data_seed=0, mix=None,
+              precision="auto",
               micro_batch=None, tasks=None, warmup=0.05, weight_decay=0.1,
               betas=[0.9, 0.95], optimizer="adamw", schedule="cosine", decay=0.4,
               max_seq_len=64, vocab_size=2048, n_train=40000, batch_size=32,
@@ -58,14 +60,26 @@ HELP = dict(B="the paper's block size", ar_weight="alpha: stage 2's clean-loss w
             micro_batch="rows a forward takes", tasks="e.g. spell,copy", warmup="fraction",
             optimizer="muon: Muon on hidden matrices", schedule="wsd: flat, then to 0",
             decay="fraction of the steps wsd decays over", lr="stage 1's peak",
-            mars_lr="stage 2's peak")
+            mars_lr="stage 2's peak", seed="the weights' and batches' draws",
+            data_seed="the instruction set's draw (its held-out prompts too)",
+            mix="training shares over data.MIX's, e.g. add:2,count:5 (held-out prompts stay)")
 CHOICES = dict(precision=["auto", "float32", "bfloat16"], optimizer=["adamw", "muon"],
                schedule=["cosine", "wsd"])
 MOVED = ("--no_sft", "--block_offset", "--targets", "--clean_padding", "--mask_row")
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "max_seq_len")
 EVAL_BATCH = 64  # prompts decoded at once when scoring
 VAL_SEED, VAL_SEQS = 1234, 256  # the validation loss's draws and sequences
-TYPES = dict(micro_batch=int, summary_limit=int, tasks=listed(str))  # None in some rows
+
+
+def shares(text):
+    """--mix add:2,count:5 -> {"add": 2.0, "count": 5.0}"""
+    pairs = [item.split(":") for item in text.split(",")]
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(text)
+    return {task: float(share) for task, share in pairs}
+
+
+TYPES = dict(micro_batch=int, summary_limit=int, tasks=listed(str), mix=shares)  # None in some rows
 
 # data and model
 
@@ -74,7 +88,7 @@ def start_stage(name, state, cfg, splits, say):
     """(model, tok, splits, what the source fixes of cfg): stage 1 from scratch, or from a
     checkpoint: the stage's own (--resume) or stage 1's (--init_from)."""
     if name == "ar" and state is None:
-        splits = data.load_splits(cfg.data, cfg.seed, cfg.n_train, cfg.tasks)
+        splits = data.load_splits(cfg.data, cfg.data_seed, cfg.n_train, cfg.tasks, mix=cfg.mix)
         tok = tokenizer.Tokenizer.train(map(data.plain_text, splits["train"]), cfg.vocab_size)
         shape = {k: getattr(cfg, k) for k in MODEL_KEYS}
         model = GPT(GPTConfig(vocab_size=tok.n_vocab, **shape)).to(cfg.device)
@@ -88,7 +102,8 @@ def start_stage(name, state, cfg, splits, say):
     model, tok = model_from_checkpoint(source, cfg.device)
     prev = source["train_config"]
     fixed = {k: source["model_config"][k] for k in MODEL_KEYS}
-    fixed.update(data=cfg.data or prev["data"], tasks=prev.get("tasks"))
+    fixed.update(data=cfg.data or prev["data"], tasks=prev.get("tasks"), mix=prev.get("mix"),
+                 data_seed=prev.get("data_seed", prev["seed"]))  # older checkpoints: one seed
     return model, tok, splits or data.splits_of({**prev, **fixed}), fixed
 
 
@@ -348,7 +363,8 @@ def finish(stage, before):
 
 
 def evaluate(model, tok, examples, B=1, tau=1.0, check=data.check):
-    """Exact-answer accuracy, overall and per family, and tokens per forward."""
+    """Exact-answer accuracy with its 95% interval, overall and per family, tokens per
+    forward, and each prompt right (1) or not (0)."""
     model.eval()
     done = []
     for i in range(0, len(examples), EVAL_BATCH):
@@ -361,13 +377,17 @@ def evaluate(model, tok, examples, B=1, tau=1.0, check=data.check):
     for e, r in zip(examples, right):
         per_task.setdefault(e["task"], []).append(r)
     return {"n": len(right), "accuracy": sum(right) / len(right),
+            "ci95": stats.wilson(sum(right), len(right)),
             "tokens_per_forward": tokens / max(forwards, 1),
-            "per_task": {f: round(sum(r) / len(r), 4) for f, r in sorted(per_task.items())}}
+            "per_task": {f: round(sum(r) / len(r), 4) for f, r in sorted(per_task.items())},
+            "right": right}
 
 
 def summary(out_dir, test, device, load=model_from_checkpoint):
-    """Test accuracy of stage 1, and of MARS at tau 1.0 and 0.9 -> summary.json."""
-    print(f"\nheld-out test set ({len(test)} prompts)\n"
+    """Stage 1 and MARS at tau 1.0 and 0.9 on the same test prompts, each with its 95%
+    interval, and tau 1.0 against stage 1 prompt by prompt -> summary.json."""
+    t0 = time.time()
+    print(f"\nheld-out test set ({len(test)} prompts, 95% intervals)\n"
           "| model | accuracy | tokens/forward |\n|---|---|---|")
     table = []
     for label, name, tau in [("stage 1 (AR SFT)", "ar", None),
@@ -376,9 +396,19 @@ def summary(out_dir, test, device, load=model_from_checkpoint):
         B = ckpt.get("mars", {}).get("B", 1)
         r = evaluate(*load(ckpt, device), test, B=B, tau=tau or 1.0)
         table.append({"model": label, "threshold": tau, **r})
-        print(f"| {label} | {100 * r['accuracy']:.1f}% | {r['tokens_per_forward']:.2f} |")
+        lo, hi = r["ci95"]
+        print(f"| {label} | {100 * r['accuracy']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] | "
+              f"{r['tokens_per_forward']:.2f} |")
+    # the same prompts right or wrong each: a paired interval is far narrower than two apart
+    pair = stats.paired(table[1].pop("right"), table[0].pop("right"))
+    table[2].pop("right")
+    lo, hi = pair["ci"]
+    print(f"MARS tau=1.0 minus stage 1: {100 * pair['diff']:+.1f} points [{100 * lo:+.1f}, "
+          f"{100 * hi:+.1f}] (right only with MARS {pair['a_only']}, only with stage 1 "
+          f"{pair['b_only']}; McNemar p = {pair['p_value']:.2f})")
+    result = {"table": table, "mars_tau1_minus_ar": pair, "seconds": round(time.time() - t0, 1)}
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(table, f, indent=1)
+        json.dump(result, f, indent=1)
 
 
 # command line and main
@@ -416,15 +446,17 @@ def get_config(argv=None, presets=PRESETS, extra=None):
     check_device(c["device"])
 
     counts = [k for k in presets[preset] if type(c[k]) is int and c[k] < 1
-              and k not in ("seed", "summary_limit")]  # those two may be 0
+              and k not in ("seed", "data_seed", "summary_limit")]  # these may be 0
     if counts:
         p.error(f"--{counts[0]} must be >= 1, got {c[counts[0]]}")
     width, heads = c["n_embd"], c["n_head"]
     if width % heads or width // heads % 2:  # rotary embeddings pair a head's dimensions
         p.error(f"--n_embd {width} does not split into --n_head {heads} heads of even width")
-    unknown = sorted(set(c["tasks"] or []) - set(data.TASKS))
+    unknown = sorted(set(c["tasks"] or []).union(c["mix"] or []) - set(data.TASKS))
     if unknown:
-        p.error(f"--tasks: unknown families {unknown}; they are {','.join(data.TASKS)}")
+        p.error(f"--tasks/--mix: unknown families {unknown}; they are {','.join(data.TASKS)}")
+    if any(share <= 0 for share in (c["mix"] or {}).values()):
+        p.error(f"--mix: every share must be > 0, got {c['mix']}")
     if c["ar_weight"] < 0 or not 0 < c["decay"] <= 1 or not 0 <= c["warmup"] < 1:
         p.error("--ar_weight must be >= 0, --decay in (0, 1] and --warmup in [0, 1)")
 

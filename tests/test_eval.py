@@ -15,7 +15,7 @@ from extras.bench import eval as ev
 from extras.engine.engine import generate_batch
 from extras.checkpoints import foreign
 import common
-from extras.bench.stats import mcnemar_p, newcombe_paired, paired, wilson
+from stats import mcnemar_p, newcombe_paired, paired, wilson
 
 
 def test_wilson_interval():

@@ -58,9 +58,17 @@ def test_tiny_run_all_stages(tiny_run):
     assert load(tiny_run / "ar.pt")["train_config"] == load(tiny_run / "mars.pt")["train_config"] \
         == vars(train.get_config(argv))
     summary = json.loads((tiny_run / "summary.json").read_text())
-    assert [r["threshold"] for r in summary] == [None, 1.0, 0.9]
+    table, pair = summary["table"], summary["mars_tau1_minus_ar"]
+    assert [r["threshold"] for r in table] == [None, 1.0, 0.9]
     # MARS at tau = 1.0 is one token per forward
-    assert summary[1]["tokens_per_forward"] == 1.0
+    assert table[1]["tokens_per_forward"] == 1.0
+    # each accuracy inside its interval; the paired difference is the two accuracies' difference
+    n = train.get_config(argv).summary_limit
+    for r in table:
+        lo, hi = r["ci95"]
+        assert r["n"] == n and lo <= r["accuracy"] <= hi
+    assert pair["n"] == n and pair["diff"] == pytest.approx(table[1]["accuracy"] - table[0]["accuracy"])
+    assert pair["a_only"] - pair["b_only"] == round(n * pair["diff"])
 
 
 def test_each_stage_logs_its_validation_accuracy(tiny_run):

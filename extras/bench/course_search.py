@@ -29,6 +29,7 @@ SIX = "spell,reverse,copy,words,convert,facts"
 QUIET = "--eval_every 100000 --save_every 100000"  # one validation loss, one checkpoint a stage
 VAL = 500  # validation prompts a candidate is scored on
 M = "--n_embd 128 --optimizer muon"
+MORE_WEAK = "add:2.4,count:5,multiples:1,words:1.5"  # the cpu preset's weakest families, more
 CANDIDATES = {  # name: train.py flags (float32: the rule's choice on the search's AVX2-only CPU)
     # stage 1 alone, all ten families
     "s1_adamw_W128_1500": "--preset cpu --stage ar --n_embd 128 --ar_iters 1500 --lr 3e-3",
@@ -46,6 +47,12 @@ CANDIDATES = {  # name: train.py flags (float32: the rule's choice on the search
                                               "--schedule wsd",
     "course_muon_W128_f6_800_400_wsd": f"--preset course {M} --ar_iters 800 --mars_iters 400 "
                                        "--lr 3e-3 --mars_lr 3e-3 --schedule wsd",
+    # the cpu preset's families (docs/family_search_cpu.json): its mix, stage 2's lr, the cost
+    "cpu": "--preset cpu",
+    "cpu_mix": f"--preset cpu --mix {MORE_WEAK}",
+    "cpu_mars_lr3e-3": "--preset cpu --mars_lr 3e-3",
+    "cpu_mix_mars_lr3e-3": f"--preset cpu --mix {MORE_WEAK} --mars_lr 3e-3",
+    "cpu_mix_mars_lr3e-3_v1024": f"--preset cpu --mix {MORE_WEAK} --mars_lr 3e-3 --vocab_size 1024",
 }
 
 
@@ -66,8 +73,11 @@ def score(out_dir, limit):
     ckpt = load_checkpoint(os.path.join(out_dir, "mars.pt"))
     val = data.splits_of(ckpt["train_config"])["val"][:limit]
     model, tok = model_from_checkpoint(ckpt)
-    return {f"mars_tau{tau}": train.evaluate(model, tok, val, B=ckpt["mars"]["B"], tau=tau)
-            for tau in (1.0, 0.95, 0.9)}
+    figures = {f"mars_tau{tau}": train.evaluate(model, tok, val, B=ckpt["mars"]["B"], tau=tau)
+               for tau in (1.0, 0.95, 0.9)}
+    for r in figures.values():
+        r.pop("right")  # per prompt: the JSON keeps the figures
+    return figures
 
 
 def run(name, flags, root, limit=VAL):
@@ -76,8 +86,8 @@ def run(name, flags, root, limit=VAL):
     cmd = f"python train.py {flags} --summary_limit {limit} {QUIET} --precision float32"
     t0 = time.time()
     subprocess.run(f"{cmd} --out_dir {out_dir}", shell=True, check=True, capture_output=True)
-    rec = {"name": name, "command": cmd, "wall_s": round(time.time() - t0, 1),
-           "machine": machine()}
+    rec = {"name": name, "command": cmd, "changed": flags.split(maxsplit=2)[2:],
+           "wall_s": round(time.time() - t0, 1), "machine": machine()}
     stages = ["ar", "mars"] if "--stage" not in flags else [flags.split("--stage ")[1].split()[0]]
     for s in stages:
         last = json.load(open(os.path.join(out_dir, f"{s}_log.json")))[-1]

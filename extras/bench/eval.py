@@ -49,7 +49,7 @@ from common import Parser, UserError, add_device, run_cli
 from extras.checkpoints import foreign
 from extras.engine.engine import MASK_MODES, METRICS, decode_examples, generate_batch
 from extras.bench.report import markdown, plot
-from extras.bench.stats import paired, wilson
+from stats import paired, wilson
 from extras.real import records
 
 # The paper's Table 5 (Qwen2.5-7B, one H200, GSM8K, tau = 0.95), for the report.

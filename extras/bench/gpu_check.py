@@ -206,12 +206,13 @@ def training_run(name, tool, argv, out_dir, stages, device_name, device, warmup_
 def quality(out_dir, device):
     """The full run's held-out quality: train.py's summary, MARS at tau 0.95 on the same prompts, and the goals."""
     with open(os.path.join(out_dir, "summary.json")) as f:
-        table = json.load(f)
+        table = json.load(f)["table"]
     ckpt = load_checkpoint(os.path.join(out_dir, "mars.pt"), device)
     cfg = ckpt["train_config"]
     test = data.splits_of(cfg)["test"][:cfg["summary_limit"]]
-    table.append({"model": "MARS tau=0.95", "threshold": 0.95,
-                  **train.evaluate(*model_from_checkpoint(ckpt, device), test, B=ckpt["mars"]["B"], tau=0.95)})
+    r = train.evaluate(*model_from_checkpoint(ckpt, device), test, B=ckpt["mars"]["B"], tau=0.95)
+    r.pop("right")  # per prompt: summary.json's paired comparison already used them
+    table.append({"model": "MARS tau=0.95", "threshold": 0.95, **r})
     ar, tau_1, tau_95 = table[0], table[1], table[-1]
     goals = {"AR SFT accuracy >= 96%": ar["accuracy"] >= GOALS["ar_accuracy"],
              "tau 0.95: >= 3.0 tokens per forward": tau_95["tokens_per_forward"] >= GOALS["tokens_per_forward"],

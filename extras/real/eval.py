@@ -43,7 +43,7 @@ from extras.engine import engine
 from common import UserError, build_model
 from common import Parser, add_device, run_cli, threshold
 from extras.checkpoints import foreign
-from extras.bench.stats import wilson
+from stats import wilson
 from extras.bench import decode_dtype
 from extras.real import checks
 from extras.real.distill import decode_all
