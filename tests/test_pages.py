@@ -142,7 +142,7 @@ def commands(text):
     return found
 
 
-class Captured(Exception):
+class Captured(BaseException):  # past any `except Exception` around a parse
     pass
 
 
