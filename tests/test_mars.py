@@ -250,6 +250,15 @@ def test_accept_per_row_tau():
     assert mars.accept(conf, torch.tensor([[0.6], [0.7], [0.1]])).tolist() == [3, 1, 3]
 
 
+def test_accept_compares_in_the_confidences_precision():
+    """tau is cast to conf's dtype before the comparison: a float32 probability that is tau's float32 value
+    passes, though a float64 tau is a little above it."""
+    conf = torch.full((2, 3), 0.9)  # float32: 0.899999976...
+    assert conf[0, 0].item() < 0.9
+    assert mars.accept(conf, torch.tensor([[0.9], [0.95]], dtype=torch.float64)).tolist() == [3, 1]
+    assert mars.accept(conf, 0.9).tolist() == [3, 3]
+
+
 def test_accept_block_of_one():
     assert mars.accept(torch.tensor([[0.01], [0.99]]), 0.5).tolist() == [1, 1]
 
