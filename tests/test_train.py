@@ -844,6 +844,7 @@ def test_wsd_schedule_warms_up_holds_then_decays_linearly():
     assert lrs[:10] == pytest.approx([(i + 1) / 10 for i in range(10)])
     assert lrs[10:60] == [1.0] * 50
     assert lrs[60:] == pytest.approx([(100 - i) / 40 for i in range(60, 100)])
+    assert [train.lr_at(i, 1.0, 0.1, 100, "wsd") for i in range(100)] == lrs  # decay 0.4 by default, as the presets'
     cosine = [train.lr_at(i, 1.0, 0.1, 100) for i in range(100)]
     assert cosine[10] == 1.0 and cosine[55] == pytest.approx(0.5) and cosine[99] < 1e-3
 
@@ -887,6 +888,10 @@ def test_muon_steps_each_matrix_as_if_alone():
             want[i] = want[i] * (1 - 0.02 * 0.1) - 0.02 * 0.2 * max(shapes[i]) ** 0.5 * update
     for p, w in zip(params, want):
         torch.testing.assert_close(p.detach(), w, rtol=1e-4, atol=1e-5)
+    still = torch.nn.Parameter(torch.randn(8, 16))  # no weight decay unless asked: a zero gradient moves nothing
+    still.grad, before = torch.zeros(8, 16), still.detach().clone()
+    train.Muon([still], lr=0.02).step()
+    assert torch.equal(still.detach(), before)
     G = torch.randn(3, 8, 16)
     X = train.orthogonalise(G)
     assert ((torch.linalg.svdvals(X) > 0.5) & (torch.linalg.svdvals(X) < 1.5)).all()
