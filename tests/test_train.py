@@ -310,8 +310,8 @@ def test_ddp_syncs_the_gradients_after_the_last_micro_batch_only():
 
 def test_accumulated_micro_batches_step_as_the_whole_batch(tok, splits, tmp_path, monkeypatch):
     """The loop divides each micro-batch's loss by their number: one MARS step on 16 rows in two micro-batches of
-    8 has the gradients (before clipping), the logged losses and the weights after the step of one micro-batch
-    of 16 (the loss is a mean over sequences; a float64 model)."""
+    8 has the gradients (before clipping), the logged losses (the whole batch's before the step) and the weights
+    after the step of one micro-batch of 16 (the loss is a mean over sequences; a float64 model)."""
     grads, clip = [], torch.nn.utils.clip_grad_norm_
 
     def spy(params, max_norm):
@@ -331,12 +331,16 @@ def test_accumulated_micro_batches_step_as_the_whole_batch(tok, splits, tmp_path
                                         n_embd=32)).double()
         stage = train.Stage("mars", net, tok, small, cfg)
         assert stage.accum == 16 // micro
+        if micro == 16:  # the step's batch (a Stage like it draws the same) and its losses before the step
+            probe = train.Stage("mars", net, tok, small, cfg)
+            (x, y), = probe.micro_batches(probe.next_batch())
+            before = [t.item() for t in mars.mars_loss(net, x, y, tok.mask, cfg.B, cfg.ar_weight)]
         train.train(stage)
         runs.append((stage.history[-1], net.state_dict()))
     (whole, whole_weights), (accumulated, accumulated_weights) = runs
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-12)
-    for k in ("loss", "noisy", "clean"):
-        assert accumulated[k] == pytest.approx(whole[k], rel=1e-6), k
+    for k, want in zip(("loss", "noisy", "clean"), before):
+        assert accumulated[k] == pytest.approx(whole[k], rel=1e-6) and whole[k] == pytest.approx(want, rel=1e-6), k
     for k in whole_weights:
         torch.testing.assert_close(accumulated_weights[k], whole_weights[k], msg=k)
 
