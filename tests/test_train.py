@@ -257,8 +257,8 @@ def test_ddp_two_processes_equal_one_on_the_same_global_batch(tmp_path):
     """Both stages and the summary on two gloo processes. Each stage is shorter than --save_every, so ar.pt
     is written only at its end (by rank 0), and the other rank must wait for it before stage 2 loads it.
     Two processes of 8 rows each, each in two micro-batches of 4 (gradients averaged across the processes
-    after the second only), train what one process trains on the same global batch of 16 in two
-    micro-batches of 8: the same weights and validation losses, which they would not be if the ranks saw
+    after the second only), train what one process trains on the same global batch of 16 in four
+    micro-batches of 4: the same weights and validation losses, which they would not be if the ranks saw
     the same rows, or synced after another micro-batch. Rank 0 logs the loss of its own 8 rows."""
     d, one = tmp_path / "ddp", tmp_path / "one"
     flags = ["--preset", "tiny", "--ar_iters", "10", "--mars_iters", "10", "--summary_limit", "4", "--device", "cpu"]
@@ -271,12 +271,12 @@ def test_ddp_two_processes_equal_one_on_the_same_global_batch(tmp_path):
     assert ar["train_config"]["micro_batch"] == 4
     assert (d / "summary.json").exists()
     assert proc.stdout.count("instruction set:") == 1  # only rank 0 prints
-    ref = run_cli(["train.py", *flags, "--micro_batch", "8", "--out_dir", one])
+    ref = run_cli(["train.py", *flags, "--micro_batch", "4", "--out_dir", one])  # stage 1's token means: alike
     assert ref.returncode == 0, ref.stderr
-    for stage in ("ar", "mars"):
+    for stage in ("ar", "mars"):  # float32 sums in another order: up to 2.1e-5 apart after the 20 steps, measured
         a, b = load(d / f"{stage}.pt")["model"], load(one / f"{stage}.pt")["model"]
         for k in a:
-            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=f"{stage} {k}")
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-4, msg=f"{stage} {k}")
         two, single = (json.loads((p / f"{stage}_log.json").read_text()) for p in (d, one))
         assert two[-1]["val_loss"] == pytest.approx(single[-1]["val_loss"], rel=1e-4)
         assert two[0]["loss"] != pytest.approx(single[0]["loss"], rel=1e-6)  # rank 0's half of the rows
