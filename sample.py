@@ -18,7 +18,6 @@ from common import UserError, load_checkpoint, model_from_checkpoint
 from common import Parser, add_device, run_cli, threshold
 
 
-@torch.inference_mode()
 def generate(model, prompts, eot_id, mask_id, B, tau=0.9, max_new_tokens=64, n_vocab=None):
     """The paper's inference loop, greedy, for a batch of prompts (lists of ids). Each row feeds
     the tokens its KV cache lacks, then B - 1 masks: B predictions, the AR one and one per mask.
@@ -54,7 +53,8 @@ def predictions(model, cache, fresh, mask_id, B, tau, n_vocab):
     t, cached = max(map(len, fresh)) + n_masks, list(cache.lengths)
     window = torch.tensor([f + [mask_id] * (t - len(f)) for f in fresh], device=device)
     positions = torch.tensor(cached, device=device)[:, None] + torch.arange(t, device=device)
-    logits = model(window, positions=positions, cache=cache)
+    with torch.no_grad():  # decoding keeps no graph
+        logits = model(window, positions=positions, cache=cache)
     last = torch.tensor([len(f) - 1 for f in fresh], device=device)  # each row's last real token
     at = last[:, None] + torch.arange(n_masks + 1, device=device)
     cache.rollback([c + len(f) for c, f in zip(cached, fresh)])

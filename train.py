@@ -138,19 +138,19 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr, weight_decay=0.0, momentum=0.95):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum))
 
-    @torch.no_grad()
     def step(self):
-        for group in self.param_groups:
-            lr, beta, by_shape = group["lr"], group["momentum"], {}
-            for p in group["params"]:
-                buf = self.state[p].setdefault("momentum", torch.zeros_like(p))
-                buf.lerp_(p.grad, 1 - beta)
-                by_shape.setdefault(p.shape, []).append((p, p.grad.lerp(buf, beta)))
-            for shape, pairs in by_shape.items():  # one batched product per shape
-                updates = orthogonalise(torch.stack([u for _, u in pairs]))
-                for (p, _), u in zip(pairs, updates):
-                    p.mul_(1 - lr * group["weight_decay"])
-                    p.add_(u, alpha=-lr * 0.2 * max(shape) ** 0.5)
+        with torch.no_grad():  # the update is no part of any graph
+            for group in self.param_groups:
+                lr, beta, by_shape = group["lr"], group["momentum"], {}
+                for p in group["params"]:
+                    buf = self.state[p].setdefault("momentum", torch.zeros_like(p))
+                    buf.lerp_(p.grad, 1 - beta)
+                    by_shape.setdefault(p.shape, []).append((p, p.grad.lerp(buf, beta)))
+                for shape, pairs in by_shape.items():  # one batched product per shape
+                    updates = orthogonalise(torch.stack([u for _, u in pairs]))
+                    for (p, _), u in zip(pairs, updates):
+                        p.mul_(1 - lr * group["weight_decay"])
+                        p.add_(u, alpha=-lr * 0.2 * max(shape) ** 0.5)
 
 
 def orthogonalise(G, steps=5):
@@ -452,9 +452,10 @@ def get_config(argv=None, presets=PRESETS, extra=None):
     width, heads = c["n_embd"], c["n_head"]
     if width % heads or width // heads % 2:  # rotary embeddings pair a head's dimensions
         p.error(f"--n_embd {width} does not split into --n_head {heads} heads of even width")
-    unknown = sorted(set(c["tasks"] or []).union(c["mix"] or []) - set(data.TASKS))
-    if unknown:
-        p.error(f"--tasks/--mix: unknown families {unknown}; they are {','.join(data.TASKS)}")
+    for flag in ("tasks", "mix"):
+        unknown = sorted(set(c[flag] or []) - set(data.TASKS))
+        if unknown:
+            p.error(f"--{flag}: unknown families {unknown}; they are {','.join(data.TASKS)}")
     if any(share <= 0 for share in (c["mix"] or {}).values()):
         p.error(f"--mix: every share must be > 0, got {c['mix']}")
     if c["ar_weight"] < 0 or not 0 < c["decay"] <= 1 or not 0 <= c["warmup"] < 1:

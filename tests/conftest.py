@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -30,11 +31,18 @@ import model  # noqa: E402
 LONGEST_FIRST = ("test_notebooks.py", "test_train.py")
 
 
+SLOW_TIMEOUT = 900  # seconds a slow-tier test may take (the fast tier's is pytest.ini's)
+
+
 def pytest_collection_modifyitems(items):
     """The longest files first: pytest-xdist hands whole files to the cores in collection order (pytest.ini),
-    and a long file handed out last would leave the other core idle at the end. Within a file, order is kept."""
+    and a long file handed out last would leave the other core idle at the end. Within a file, order is kept.
+    The slow tier's tests get the slow tier's timeout."""
     items.sort(key=lambda item: next((i for i, name in enumerate(LONGEST_FIRST) if item.path.name == name),
                                      len(LONGEST_FIRST)))
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
 
 
 V = 48  # vocabulary of the random test models
@@ -81,15 +89,20 @@ def tok(splits):
 
 
 @pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory):
-    """Both training stages of the tiny preset, once per session: out_dir with ar.pt and mars.pt."""
+def tiny_run(tmp_path_factory, worker_id):
+    """Both training stages of the tiny preset, once per test session: out_dir with ar.pt and mars.pt, read
+    only. pytest-xdist's workers share it: the first to ask trains it while the others wait on a lock."""
     import train
-    out = tmp_path_factory.mktemp("tiny_run")
-    handler = signal.getsignal(signal.SIGINT)  # train installs its own Ctrl-C handler
-    try:
-        train.main(["--preset", "tiny", "--out_dir", str(out), "--stage", "all", "--device", "cpu"])
-    finally:
-        signal.signal(signal.SIGINT, handler)
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared if worker_id == "master" else shared.parent
+    out = shared / "tiny_run"
+    with FileLock(f"{out}.lock"):
+        if not (out / "summary.json").exists():
+            handler = signal.getsignal(signal.SIGINT)  # train installs its own Ctrl-C handler
+            try:
+                train.main(["--preset", "tiny", "--out_dir", str(out), "--stage", "all", "--device", "cpu"])
+            finally:
+                signal.signal(signal.SIGINT, handler)
     return out
 
 

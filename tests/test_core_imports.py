@@ -7,12 +7,16 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ONE_THREAD, ROOT
 
-SPINE = {"model", "mars", "train", "sample", "data", "tokenizer", "common"}
+SPINE = {"model", "mars", "train", "sample", "data", "tokenizer", "common", "stats"}
 BLOCKED = ("jinja2", "safetensors", "gguf", "transformers")
 BLOCK = """
 import sys
+
+import pytest
 
 class Blocked:
     def find_spec(self, name, path=None, target=None):
@@ -80,6 +84,7 @@ def loaded(cwd, *argv):
     return set(run(f"ARGV = {[str(a) for a in argv]!r}\nROOT = {str(ROOT)!r}\n" + COMMAND, cwd))
 
 
+@pytest.mark.slow
 def test_the_papers_commands_import_nothing_from_extras(tiny_run, tmp_path):
     """train.py's --help, the tiny preset and the precision rule (--precision auto), and
     sample.py on a toy checkpoint run on the root's modules alone."""

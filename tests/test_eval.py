@@ -58,6 +58,7 @@ def test_paired_difference():
     assert paired([1, 0] * 6 + [0, 1] * 4, [0, 1] * 6 + [1, 0] * 4)["ci"] == newcombe_paired(0, 10, 10, 0)
 
 
+@pytest.mark.slow
 def test_eval_writes_tables(tiny_run, tmp_path):
     # the same MARS checkpoint twice stands in for an ablation; for the control, an AR checkpoint whose answers
     # differ from ar.pt's: the MARS weights without their "mars" entry (any AR checkpoint decodes as one)

@@ -111,6 +111,7 @@ def answers(smollm2):
     return greedy_answers(model, tok, PROMPTS[:3], MAX_NEW)
 
 
+@pytest.mark.slow
 def test_the_short_name_loads_the_installed_file(smollm2):
     ckpt, model, tok = smollm2
     assert ckpt["hf"] == {"path": str(installed_file()), "model_type": "llama"} and ckpt["stage"] == "hf" and "mars" not in ckpt
@@ -122,6 +123,7 @@ def test_the_short_name_loads_the_installed_file(smollm2):
     assert tok.encode("<empty_output>") != [16] and tok.encode("<|im_start|>") != [1]
 
 
+@pytest.mark.slow
 def test_logits_and_greedy_answers_equal_transformers(smollm2, answers):
     """One forward over each prompt and our greedy answer: transformers' logits equal ours, and its argmax at
     every answer position is our next token, so its greedy decoding writes the same answer."""
@@ -134,6 +136,7 @@ def test_logits_and_greedy_answers_equal_transformers(smollm2, answers):
     assert "Paris" in tok.decode(answers[0][1])
 
 
+@pytest.mark.slow
 def test_threshold_one_and_lossless_equal_ar(smollm2, answers):
     _, model, tok = smollm2
     assert decoders_equal_ar(model, tok, answers, MAX_NEW) == {"tau = 1.0": True, "lossless": True}
@@ -187,6 +190,7 @@ def miss_kinds(misses):
     return counts
 
 
+@pytest.mark.slow
 def test_token_ids_equal_the_original_tokenizer(smollm2):
     _, _, tok = smollm2
     vocab, merges = file_vocab()
@@ -198,6 +202,7 @@ def test_token_ids_equal_the_original_tokenizer(smollm2):
     assert ids.count(1) == 3 and tok.decode(ids).endswith("<|im_start|>system\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
+@pytest.mark.slow
 def test_the_models_own_chat_template(smollm2):
     _, _, tok = smollm2
     system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"

@@ -159,6 +159,7 @@ def test_the_cpu_decodes_eagerly_by_default():
     assert Engine(random_model(), EOT, MASK, 4, 2).graphs is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile's CPU backend needs a C++ compiler")
 def test_the_compiled_step_commits_what_the_eager_step_commits():
     """graphs="compiled": torch.compile's fused kernels (here inductor's CPU backend) for the fixed shapes (two

@@ -257,6 +257,7 @@ def test_the_chunked_loss_is_the_whole_ones_loss_and_gradients(monkeypatch, soft
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_two_processes_train_as_one_on_the_same_global_batch(qwen, tmp_path, monkeypatch):
     """Data parallel on a real model (torchrun's environment, gloo on the CPU): two processes of
     two rows each end with the weights one process reaches accumulating both halves of the same

@@ -214,6 +214,7 @@ def test_auto_runs_every_way_and_stays_in_bounds(m):
 # ---------------------------------------------------------------------------
 # The measurement
 
+@pytest.mark.slow
 def test_masks_bench_end_to_end(tiny_run, tmp_path):
     out = tmp_path / "masks.json"
     args = ["--ckpt", tiny_run / "mars.pt", "--out", out, "--batch_sizes", "1", "3", "--taus", "0.5",

@@ -117,6 +117,7 @@ def test_committed_outputs_postdate_the_code_they_ran(name):
                          f"it: python tests/test_notebooks.py --write {name}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_and_its_committed_outputs_are_current(name):
     path = NOTEBOOKS_DIR / name
@@ -143,6 +144,7 @@ def test_notebook_runs_and_its_committed_outputs_are_current(name):
     assert docs_now == docs_before, f"{name} wrote under docs/ (a notebook shows its figures, docs/ keeps measured ones)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SOLUTIONS)
 def test_solutions_run(name):
     """The worked solutions of a notebook's exercises, top to bottom: an assert on every verdict."""

@@ -1,5 +1,5 @@
 """The pages say what their files say: every run figure is written from its JSON in docs/ by
-extras/pages.py (cog), no figure is typed by hand, every file in docs/ has its row in
+extras/bench/pages.py (cog), no figure is typed by hand, every file in docs/ has its row in
 docs/README.md, and every quoted command names a module that exists with flags its parser knows.
 Each check also runs on a planted page, so that a check that passes everything fails here."""
 import argparse
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from extras import pages
+from extras.bench import pages
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -28,7 +28,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
 
 
 def test_pages_are_their_files():
-    assert pages.main(["--check"]) == 0, "a page differs from its JSON: python -m extras.pages"
+    assert pages.main(["--check"]) == 0, "a page differs from its JSON: python -m extras.bench.pages"
 
 
 def test_cog_check_fails_on_a_stale_page(tmp_path):
@@ -77,7 +77,7 @@ def test_no_typed_figures(page):
     text = page.read_text()
     if page.name == "README.md" and page.parent == ROOT:  # the Start section's commands are the lead's to time
         text = re.sub(r"^## Start$.*?(?=^## )", "", text, flags=re.S | re.M)
-    assert typed_figures(text) == [], f"{page.name}: figures typed by hand: write them with extras/pages.py"
+    assert typed_figures(text) == [], f"{page.name}: figures typed by hand: write them with extras/bench/pages.py"
 
 
 def test_typed_figures_are_flagged():

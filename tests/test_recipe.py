@@ -4,9 +4,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, assert_one_line_error, run_cli
 
 
+@pytest.mark.slow
 def test_the_small_recipe_runs_every_phase_and_resumes(tiny_run, tmp_path):
     requests = tmp_path / "self.jsonl"  # the toy writes no requests: a chat model's stand-ins
     requests.write_text("".join(json.dumps({"prompt": f"Quick question: Add {i} and {i + 1}.", "source": "self"})

@@ -110,6 +110,7 @@ def test_threshold_one_equals_ar(tiny_run):
     assert all(r["forwards"] == r["tokens"] for r in mars_rows + ar_rows)
 
 
+@pytest.mark.slow
 def test_the_engines_command_runs_the_papers_loop_without_an_engine_flag(tiny_run, monkeypatch):
     """sample.py decodes with sample.generate (the loop the README quotes), one call per prompt; so does the
     engine's command without an engine flag (--B and --dtype are the loop's), with one the engine decodes. All

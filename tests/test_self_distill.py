@@ -101,6 +101,7 @@ def test_teacher_targets_are_the_base_distribution_at_each_target(tok, batch, dr
         m.wte.weight.sub_(1.0)
 
 
+@pytest.mark.slow
 def test_soft_targets_and_dropped_padding_train_and_are_recorded(tiny_run, tmp_path):
     """Both options run stage 2 and the control from a stage-1 checkpoint, and the checkpoint
     records them (a MARS checkpoint among its stage-2 flags, which --resume checks)."""

@@ -114,6 +114,7 @@ def test_make_trace_phases():
     assert [t for t, _ in slow] == pytest.approx([3 * t for t, _ in fast])
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(tiny_run, tmp_path):
     proc = run_cli(["extras/serving/serve.py", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path, "--requests", "40",
                     "--sweep", "0.5", "1.5", "--sweep_requests", "12", "--max_batch", "4", "--max_new_tokens", "16"],

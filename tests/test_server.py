@@ -421,6 +421,7 @@ def test_shutdown_ends_every_request_with_its_answer_or_an_error(loaded, slow, p
     assert check_ended(loaded, prompts, got, streamed) > 0  # 12 answers of ~24 forwards, 2 a batch: beyond the grace
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_the_server_under_load(tiny_run, loaded, prompts, sig):
     """Finding 8, as a process: streams in flight at the signal each get their answer or an error event,
@@ -499,6 +500,7 @@ def test_page_uses_only_this_server(httpd):
     assert len(page.splitlines()) < 500
 
 
+@pytest.mark.slow
 def test_http_load_cli(tiny_run, tmp_path):
     proc = run_cli(["extras/serving/serve.py", "--http_load", "--ckpt", tiny_run / "mars.pt", "--out_dir", tmp_path,
                     "--requests", "40", "--max_batch", "4", "--max_new_tokens", "16"], timeout=120)

@@ -50,9 +50,9 @@ CANDIDATES = {  # name: train.py flags (float32: the rule's choice on the search
     # the cpu preset's families (docs/family_search_cpu.json): its mix, stage 2's lr, the cost
     "cpu": "--preset cpu",
     "cpu_mix": f"--preset cpu --mix {MORE_WEAK}",
-    "cpu_mars_lr3e-3": "--preset cpu --mars_lr 3e-3",
-    "cpu_mix_mars_lr3e-3": f"--preset cpu --mix {MORE_WEAK} --mars_lr 3e-3",
-    "cpu_mix_mars_lr3e-3_v1024": f"--preset cpu --mix {MORE_WEAK} --mars_lr 3e-3 --vocab_size 1024",
+    # stage 2 alone from cpu_mix's stage 1: its time is this stage's, plus cpu_mix's stage 1
+    "cpu_mix_s2_mars_lr3e-3": f"--preset cpu --mix {MORE_WEAK} --stage mars --init_from "
+                              "out/search/cpu_mix/ar.pt --mars_lr 3e-3",
 }
 
 
@@ -86,7 +86,8 @@ def run(name, flags, root, limit=VAL):
     cmd = f"python train.py {flags} --summary_limit {limit} {QUIET} --precision float32"
     t0 = time.time()
     subprocess.run(f"{cmd} --out_dir {out_dir}", shell=True, check=True, capture_output=True)
-    rec = {"name": name, "command": cmd, "changed": flags.split(maxsplit=2)[2:],
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+    rec = {"name": name, "command": cmd, "changed": flags.split(maxsplit=2)[2:], "commit": commit.strip(),
            "wall_s": round(time.time() - t0, 1), "machine": machine()}
     stages = ["ar", "mars"] if "--stage" not in flags else [flags.split("--stage ")[1].split()[0]]
     for s in stages:

@@ -10,22 +10,23 @@ inside HTML comments so that the rendered page shows only the text:
 
 After a JSON in docs/ changes, rewrite every page with
 
-    python -m extras.pages        # = cog -r -P -I extras -p "import pages" README.md docs/*.md
+    python -m extras.bench.pages    # = cog -r -P -I extras/bench -p "import pages" README.md docs/*.md
 
-and `python -m extras.pages --check` fails when a page differs from its files (tests/test_pages.py
+and `python -m extras.bench.pages --check` fails when a page differs from its files (tests/test_pages.py
 runs it). Each generator prints its lines (cog's -P). A figure inside a sentence is written by
 say(), from a template whose {fields} name a JSON file and a path inside it.
 """
+import argparse
 import functools
 import json
 import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in DOCS.glob("*.md"))]
-COG = ["-P", "-I", str(ROOT / "extras"), "-p", "import pages"]
+COG = ["-P", "-I", str(ROOT / "extras" / "bench"), "-p", "import pages"]
 
 
 # reading the files
@@ -318,15 +319,19 @@ def masks(file="masks_cpu", tau=0.95):
 
 
 def test_times():
-    """The README's two tiers of tests, each with its measured time (docs/test_times.json)."""
+    """The README's two tiers of tests, each with its measured time (docs/test_times.json, written by
+    python -m extras.bench.test_times)."""
     d = load("test_times")
     for tier in d["tiers"].values():
-        s, n = tier["seconds"], tier["passed"]
-        took = "not yet measured" if s is None or n is None else f"{n} passed in {s / 60:.1f} min"
-        print(f"- `{tier['command']}`: {took}")
+        if tier["seconds"] is None:
+            print(f"- `{tier['command']}`: not yet measured")
+            continue
+        failed = f", {tier['failed']} failed" if tier["failed"] else ""
+        print(f"- `{tier['command']}`: {tier['passed']} passed{failed} in {tier['seconds'] / 60:.1f} min")
+    m = d["machine"]
     if d["commit"]:
-        machine = ", ".join(f"{k} {v}" for k, v in d["machine"].items() if v is not None)
-        print(f"\nOn {machine}; commit {d['commit']} ([`docs/test_times.json`](docs/test_times.json)).")
+        print(f"\nOn {m['cpu']} ({m['cores']} cores, torch CPU capability {m['cpu_capability']}), commit "
+              f"{d['commit']}, a fresh clone ([`docs/test_times.json`](docs/test_times.json)).")
 
 
 # real models, gpu, serving
@@ -389,13 +394,15 @@ WALL = {"decoder": "{decoder}", "batch": "{batch_size}", "prompts": "{prompts}",
 def cog(paths, check=False):
     """cog over paths: rewrite them, or (check) fail when one differs from its files. 0 if fine."""
     from cogapp import Cog
-    mode = ["--check", "--check-fail-msg", "rewrite with: python -m extras.pages"] if check else ["-r"]
+    mode = ["--check", "--check-fail-msg", "rewrite with: python -m extras.bench.pages"] if check else ["-r"]
     return Cog().main(["cog", *mode, "--verbosity", "1", *COG, *map(str, paths)])
 
 
 def main(argv=None):
-    """python -m extras.pages [--check]: rewrite every page (or check it)."""
-    return cog([ROOT / p for p in PAGES], check="--check" in (sys.argv[1:] if argv is None else argv))
+    """python -m extras.bench.pages [--check]: rewrite every page (or check it)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="rewrite nothing: fail when a page differs from its files")
+    return cog([ROOT / page for page in PAGES], check=p.parse_args(argv).check)
 
 
 if __name__ == "__main__":
