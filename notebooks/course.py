@@ -17,8 +17,8 @@ from common import load_checkpoint
 STARTED = time.time()  # a notebook imports course in its first cell: ran() times from here
 # tests/test_notebooks.py sets MARS_QUICK: the same code with fewer steps (its answers are
 # mostly wrong), in another folder, where a class never finds a test's checkpoint
-QUICK = bool(os.environ.get("MARS_QUICK"))
-OUT = "../out/course_quick" if QUICK else "../out/course"
+QUICK = os.environ.get("MARS_QUICK")  # the quick run's folder under out/
+OUT = f"../out/{QUICK}" if QUICK else "../out/course"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ARGS = ["--preset", "course", "--device", DEVICE, "--out_dir", OUT]
 if QUICK:

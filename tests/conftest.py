@@ -28,7 +28,7 @@ import data  # noqa: E402
 import tokenizer  # noqa: E402
 import model  # noqa: E402
 
-LONGEST_FIRST = ("test_notebooks.py", "test_train.py")
+LONGEST_FIRST = ("test_notebooks.py", "test_solutions.py", "test_train.py")
 
 
 SLOW_TIMEOUT = 900  # seconds a slow-tier test may take (the fast tier's is pytest.ini's)

@@ -24,12 +24,11 @@ clears it (tests/test_course_install.py checks the committed copies).
 
 Each notebook ends with exercises, their blanks unfilled: where a cell calls a check of
 notebooks/checks.py, the run must say "not done yet" there (and go on). The worked
-solutions, notebooks/solutions/*.ipynb, run after the five, on the same quick course run,
-from their own folder as a student opens them: each must run top to bottom, its asserts
-being the checks ("right") and the predictions ("match"). They are committed without
-outputs, so the committed-output tests above do not read them.
+solutions, notebooks/solutions/*.ipynb, run in tests/test_solutions.py; they are committed with
+their outputs, every answer shown.
 
-Re-execute the notebooks in place, with outputs (after changing one, or after a retrain):
+Re-execute the notebooks in place, with outputs (after changing one, or after a retrain), then
+their solutions:
 
     python tests/test_notebooks.py --write              # all five, in order
     python tests/test_notebooks.py --write 01_attention_mask.ipynb
@@ -52,7 +51,7 @@ NOTEBOOKS = ["01_attention_mask.ipynb", "02_training.ipynb", "03_sampling.ipynb"
 SOLUTIONS = [name.replace(".ipynb", "_solutions.ipynb") for name in NOTEBOOKS]
 INLINE = "module://matplotlib_inline.backend_inline"  # inline figures even if the caller set MPLBACKEND=Agg
 ROOT = NOTEBOOKS_DIR.parent
-QUICK = {"MARS_QUICK": "1"}  # notebooks/course.py: the course run with fewer steps
+QUICK = {"MARS_QUICK": "course_quick"}  # notebooks/course.py: the course run with fewer steps, in out/course_quick
 # run last in the kernel, then removed: the project files the notebook's run imported, with their hashes
 SOURCES = """import hashlib as _h, json as _j, os as _o, sys as _s
 _root = _o.path.abspath("..")
@@ -144,15 +143,9 @@ def test_notebook_runs_and_its_committed_outputs_are_current(name):
     assert docs_now == docs_before, f"{name} wrote under docs/ (a notebook shows its figures, docs/ keeps measured ones)"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", SOLUTIONS)
-def test_solutions_run(name):
-    """The worked solutions of a notebook's exercises, top to bottom: an assert on every verdict."""
-    execute(NOTEBOOKS_DIR / "solutions" / name, {**ONE_THREAD, **QUICK})  # raises CellExecutionError on a failed one
-
-
 def write(names):
-    """Execute each notebook from a clean state and save it in place, with its outputs."""
+    """Execute each notebook from a clean state and save it in place, with its outputs, then its worked
+    solutions, which show every answer."""
     for name in names:
         path = NOTEBOOKS_DIR / name
         print(f"executing {path} ...", flush=True)
@@ -161,6 +154,10 @@ def write(names):
             if predict(cell):  # its answer waits for the student's prediction
                 cell.outputs, cell.execution_count = [], None
         nbformat.write(nb, path)
+    for name in names:
+        path = NOTEBOOKS_DIR / "solutions" / name.replace(".ipynb", "_solutions.ipynb")
+        print(f"executing {path} ...", flush=True)
+        nbformat.write(execute(path), path)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ CANDIDATES = {  # name: train.py flags (float32: the rule's choice on the search
     # stage 2 alone from cpu_mix's stage 1: its time is this stage's, plus cpu_mix's stage 1
     "cpu_mix_s2_mars_lr3e-3": f"--preset cpu --mix {MORE_WEAK} --stage mars --init_from "
                               "out/search/cpu_mix/ar.pt --mars_lr 3e-3",
+    "cpu_mix_s2_400_mars_lr3e-3": f"--preset cpu --mix {MORE_WEAK} --stage mars --init_from "
+                                  "out/search/cpu_mix/ar.pt --mars_iters 400 --mars_lr 3e-3",
 }
 
 

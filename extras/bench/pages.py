@@ -128,11 +128,24 @@ def model_name(name):
 
 
 def results_table(run, file="train_cpu"):
-    """The closing summary of a `python train.py` run (its summary_test rows): the README's
-    Results. run: the run's key in docs/FILE.json."""
-    rows = get(load(file), run)["summary_test"]
-    table(["decoder (default run)", "accuracy", "tokens/forward"],
-          [(model_name(r["model"]), pct(r["accuracy"]), f"{r['tokens_per_forward']:.2f}") for r in rows])
+    """The closing summary of a `python train.py` run: the README's Results. run: the run's key in
+    docs/FILE.json; its summary (summary.json: each accuracy's 95% interval, and MARS at tau = 1.0
+    against stage 1 on the same prompts), or an older run's summary_test rows (no intervals)."""
+    entry = get(load(file), run)
+    if "summary" not in entry:
+        table(["decoder (default run)", "accuracy", "tokens/forward"],
+              [(model_name(r["model"]), pct(r["accuracy"]), f"{r['tokens_per_forward']:.2f}")
+               for r in entry["summary_test"]])
+        return
+    rows, pair = entry["summary"]["table"], entry["summary"]["mars_tau1_minus_ar"]
+    interval = lambda lo_hi: f"[{100 * lo_hi[0]:.1f}, {100 * lo_hi[1]:.1f}]"
+    table(["decoder (default run)", "accuracy", "95% interval", "tokens/forward"],
+          [(model_name(r["model"]), pct(r["accuracy"]), interval(r["ci95"]), f"{r['tokens_per_forward']:.2f}")
+           for r in rows])
+    lo, hi = pair["ci"]
+    print(f"\nMARS at tau = 1.0 minus stage 1, prompt by prompt on the same {pair['n']} prompts: "
+          f"{100 * pair['diff']:+.1f} points, 95% interval [{100 * lo:+.1f}, {100 * hi:+.1f}] (right only "
+          f"with MARS: {pair['a_only']}; only with stage 1: {pair['b_only']}; McNemar p = {pair['p_value']:.2g}).")
 
 
 READING = {  # the README's reading order: file -> what it holds ({generate}: its lines)
