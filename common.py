@@ -66,6 +66,13 @@ def listed(kind):
     return parse
 
 
+def as_typed(value):
+    """A table's value as its flag is typed: a list comma-separated, a dict as key:value pairs."""
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{v:g}" for k, v in value.items())
+    return ",".join(map(str, value)) if isinstance(value, list) else value
+
+
 def add_table(group, rows, help, types, choices):
     """A --key flag for each key of rows ({name: {key: value}}), typed as the first row's
     value (a list's comma-separated) or by types; its help shows each row's value."""
@@ -73,7 +80,7 @@ def add_table(group, rows, help, types, choices):
         values = [row.get(key) for row in rows.values()]
         first = values[0]
         kind = listed(type(first[0])) if isinstance(first, list) else type(first)
-        values = [",".join(map(str, v)) if isinstance(v, list) else v for v in values]
+        values = [as_typed(v) for v in values]
         shown = ", ".join(f"{name} {v}" for name, v in zip(rows, values))
         if len(set(values)) == 1:
             shown = f"default {values[0]}"

@@ -34,12 +34,13 @@ LONGEST_FIRST = ("test_notebooks.py", "test_solutions.py", "test_train.py")
 SLOW_TIMEOUT = 900  # seconds a slow-tier test may take (the fast tier's is pytest.ini's)
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """The longest files first: pytest-xdist hands whole files to the cores in collection order (pytest.ini),
     and a long file handed out last would leave the other core idle at the end. Within a file, order is kept.
-    The slow tier's tests get the slow tier's timeout."""
-    items.sort(key=lambda item: next((i for i, name in enumerate(LONGEST_FIRST) if item.path.name == name),
-                                     len(LONGEST_FIRST)))
+    In one process (-n 0, as mutmut runs) the order stays. The slow tier's tests get the slow tier's timeout."""
+    if config.getoption("numprocesses", None):
+        items.sort(key=lambda item: next((i for i, name in enumerate(LONGEST_FIRST) if item.path.name == name),
+                                         len(LONGEST_FIRST)))
     for item in items:
         if item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))

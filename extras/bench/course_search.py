@@ -50,6 +50,8 @@ CANDIDATES = {  # name: train.py flags (float32: the rule's choice on the search
     # the cpu preset's families (docs/family_search_cpu.json): its mix, stage 2's lr, the cost
     "cpu": "--preset cpu",
     "cpu_mix": f"--preset cpu --mix {MORE_WEAK}",
+    "cpu_again": "--preset cpu",  # the first cpu run shared the machine with other work: timed again alone
+    "cpu_mix_count7": f"--preset cpu --mix {MORE_WEAK.replace('count:5', 'count:7')}",
     # stage 2 alone from cpu_mix's stage 1: its time is this stage's, plus cpu_mix's stage 1
     "cpu_mix_s2_mars_lr3e-3": f"--preset cpu --mix {MORE_WEAK} --stage mars --init_from "
                               "out/search/cpu_mix/ar.pt --mars_lr 3e-3",

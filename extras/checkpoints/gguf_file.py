@@ -18,7 +18,7 @@ import gguf
 import torch
 
 from extras.checkpoints import hf
-from extras.checkpoints.foreign import SHORT_NAMES
+from extras.checkpoints.installed import SHORT_NAMES
 from extras.checkpoints.hf_tokenizer import from_hf
 from model import GPT
 

@@ -1,7 +1,7 @@
 """The README's two tiers of tests, timed as a newcomer runs them: on a fresh clone of HEAD, the fast
 tier (`python -m pytest`), then the slow tier (`python -m pytest -m slow`), each as a whole command.
 
-    python -m extras.bench.test_times             # -> docs/test_times.json, then: python -m extras.bench.pages
+    python -m extras.bench.tier_times             # -> docs/test_times.json, then: python -m extras.bench.pages
 
 Run it alone on the machine (the tiers use every core); the README's installs must be done.
 """
@@ -42,7 +42,7 @@ def main():
         tiers = {name: timed(command, clone) for name, command in TIERS.items()}
     result = {"what": "the README's two tiers of tests, each timed as a whole command on a fresh clone of the "
                       "commit, after the README's installs",
-              "command": "python -m extras.bench.test_times", "commit": commit, "machine": machine(),
+              "command": "python -m extras.bench.tier_times", "commit": commit, "machine": machine(),
               "tiers": tiers}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
