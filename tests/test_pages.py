@@ -10,6 +10,7 @@ import io
 import json
 import re
 import runpy
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -220,3 +221,17 @@ def test_bad_commands_are_flagged():
             "and `python -m pytest -m slow`.\n")
     assert bad_commands(page) == ["sample.py --no_such_flag: no such flag", "extras.nowhere: no such module",
                                   "train.py --wrong: no such flag"]
+
+
+@pytest.mark.slow
+def test_every_quoted_command_answers_help():
+    """Each module or script the pages and notebooks quote runs for real, as its own process: its --help exits 0
+    (the fast tier above reads its parser without running it)."""
+    targets = sorted({t for p in PAGES + NOTEBOOKS for t, _ in commands(markdown_of(p))
+                      if not (t.split(".")[0] in EXTERNAL or t in EXTERNAL or re.search(r"[<{]", t))
+                      and known_flags(t) not in (None, ANY)})
+    assert "train.py" in targets and "extras.engine" in targets
+    for target in targets:
+        argv = [target] if target.endswith(".py") else ["-m", target]
+        proc = subprocess.run([sys.executable, *argv, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "usage:" in proc.stdout, f"{target} --help: {proc.stderr[-500:]}"

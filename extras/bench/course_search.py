@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -103,19 +104,29 @@ def run(name, flags, root, limit=VAL):
     return rec
 
 
+def minutes(r, rows):
+    """A candidate's whole command in minutes: a stage-2 row's stage 1 is the row it starts from."""
+    start = re.search(r"--init_from out/search/(\S+)/ar.pt", r["command"])
+    before = next(s["ar_val"]["seconds"] for s in rows if s["name"] == start.group(1)) if start else 0
+    return (r["wall_s"] + before) / 60
+
+
 def plot(path):
     """Minutes against validation accuracy (AR SFT) and tokens per forward at tau 0.95."""
     from matplotlib.figure import Figure
     d = json.load(open(path))
     fig = Figure(figsize=(11, 4))
     a1, a2 = fig.subplots(1, 2)
-    for r in d["candidates"]:
-        m, chosen = r["wall_s"] / 60, r["name"] in d.get("chosen", {}).values()
-        kw = dict(marker="*" if chosen else "o", s=160 if chosen else 40,
-                  color="C3" if chosen else "C0" if "mars_tau0.95" in r else "C2")
-        a1.scatter(m, r["ar_val"]["accuracy"], **kw)
-        a1.annotate(r["name"], (m, r["ar_val"]["accuracy"]), fontsize=6, xytext=(3, 3),
-                    textcoords="offset points")
+    chosen = d.get("chosen", {})  # a search file names one, or one per preset
+    chosen = set(chosen.values()) if isinstance(chosen, dict) else {chosen}
+    for r in [r for r in d["candidates"] if not r.get("untimed")]:
+        m, best = minutes(r, d["candidates"]), r["name"] in chosen
+        kw = dict(marker="*" if best else "o", s=160 if best else 40,
+                  color="C3" if best else "C0" if "mars_tau0.95" in r else "C2")
+        if "ar_val" in r:  # a stage-2 row has none
+            a1.scatter(m, r["ar_val"]["accuracy"], **kw)
+            a1.annotate(r["name"], (m, r["ar_val"]["accuracy"]), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
         if "mars_tau0.95" in r:
             a2.scatter(m, r["mars_tau0.95"]["tokens_per_forward"], **kw)
             a2.annotate(r["name"], (m, r["mars_tau0.95"]["tokens_per_forward"]), fontsize=6,

@@ -186,26 +186,13 @@ def default_run(run, file="train_cpu"):
     """A timed `python train.py` run in a sentence: time, stages, machine, precision, validation."""
     r = get(load(file), run)
     m = r["machine"]
-    print(f"- **The default run, timed** (`{r['command']}`, {r['date']}, on the {m['cores']} cores of an "
+    print(f"- **{r.get('label', 'The default run, timed')}** (`{r['command']}`, {r['date']}, on the {m['cores']} cores of an "
           f"{m['lscpu']}, CPU capability {m['cpu_capability']}, torch {m['torch']}, {m['threads']} threads; "
           f"{r['conditions']}): **{FORMATS['min'](r['seconds'])}**, stage 1 {r['stage_seconds']['ar']:.0f} s, "
           f"stage 2 {r['stage_seconds']['mars']:.0f} s, peak memory {r['peak_rss_mib']} MiB, in "
-          f"{r['precision']['dtype']} ({r['precision']['reason']}). Validation accuracy (500 prompts, "
-          f"greedy): {pct(r['val']['ar']['accuracy'])} after stage 1, {pct(r['val']['mars']['accuracy'])} "
+          f"{r['precision']['dtype']} ({r['precision']['reason']}). Validation accuracy (greedy): "
+          f"{pct(r['val']['ar']['accuracy'])} after stage 1, {pct(r['val']['mars']['accuracy'])} "
           "after stage 2 at tau = 1.0.")
-
-
-def side_by_side(run, old, file="train_cpu"):
-    """Two runs' closing summaries side by side (the current preset's and an earlier one's), then
-    their times."""
-    d = load(file)
-    new_rows, old_rows = d[run]["summary_test"], d[old]["summary_test_2000"]
-    table(["decoder", f"`{run}` ({new_rows[0]['n']} test prompts)", f"`{old}` (2,000 test prompts)"],
-          [(model_name(a["model"]), *(f"{pct(r['accuracy'])}, {r['tokens_per_forward']:.2f} tok/fwd" for r in (a, b)))
-           for a, b in zip(new_rows, old_rows)])
-    o = d[run]["old_preset"]
-    print(f"\nTime: the current preset's run took {o['ratio']:.2f} of the previous preset's ({o['source']}); "
-          f"{o['note']}.")
 
 
 def preset_search(file="preset_search_cpu"):
@@ -234,17 +221,44 @@ def family_search(file="family_search_cpu"):
         s1 = c.get("ar_val")
         m = c["mars_tau0.95"]
         rows.append((f"`{c['name']}`" + (" (chosen)" if c["name"] == d.get("chosen") else ""),
-                     " ".join(c["changed"]) or "the cpu preset as it was", f"{c['wall_s'] / 60:.1f}",
+                     " ".join(c["changed"]) or "the cpu preset as it was",
+                     "not timed" if c.get("untimed") else f"{c['wall_s'] / 60:.1f}",
                      f"{pct(s1['accuracy'])} ({worst(s1)})" if s1 else "-",
                      f"{pct(c['mars_tau1.0']['accuracy'])} ({worst(c['mars_tau1.0'])})",
                      f"{pct(m['accuracy'])} at {m['tokens_per_forward']:.2f} ({worst(m)})"))
-    table(["candidate", "changed", "minutes", "stage 1 (worst family)", "MARS tau = 1.0 (worst)",
+    table(["candidate", "changed", "minutes (--stage mars: that stage)", "stage 1 (worst family)", "MARS tau = 1.0 (worst)",
            "tau = 0.95: accuracy at tokens/forward (worst)"], rows)
     m = d["machine"]
     print(f"\nTimed one at a time on the {m['cores']} cores of an {m['cpu']} (torch CPU capability "
           f"{m['cpu_capability']}), in float32; validation prompts only, the same for every candidate.")
     if d.get("chosen_why"):
         print(f"\nWhy (the file's `chosen_why`): {d['chosen_why']}")
+
+
+def failures(file="failures_cpu"):
+    """The weak families before the cpu preset's shares and stage 2's lr changed and now, on the
+    same test prompts: each group's accuracy (extras.bench.failures' groups), stage 2 against
+    stage 1 prompt by prompt, and a wrong answer from before."""
+    d = load(file)
+    before, now = d["before"], d["now"]
+    tau = list(before["decoders"])[-1]
+    for family, b in before["families"].items():
+        n = now["families"][family]
+        rows = [("all", b["n"], b["accuracy"], n["accuracy"])]
+        rows += [(f"{feature}: {g}", s["n"], s["accuracy"], n["groups"][feature][g]["accuracy"])
+                 for feature, groups in b["groups"].items() for g, s in groups.items()]
+        print(f"\n**{family}**\n")
+        table(["group", "prompts", "stage 1, before", f"{model_name(tau)}, before", "stage 1, now",
+               f"{model_name(tau)}, now"],
+              [(label, k, pct(x["stage 1"]), pct(x[tau]), pct(y["stage 1"]), pct(y[tau])) for label, k, x, y in rows])
+        stage2 = lambda r: r["vs_stage_1"]["MARS tau=1.0"]
+        print(f"\nStage 2 against stage 1 at tau = 1.0, right only with MARS / only with stage 1: "
+              f"{stage2(b)['a_only']} / {stage2(b)['b_only']} before, {stage2(n)['a_only']} / "
+              f"{stage2(n)['b_only']} now.", end="")
+        for w in b["wrong"][tau][:1]:
+            print(f" Before, {model_name(tau)} answered \"{w['prompt']}\" with `{w['got']}` (`|` between "
+                  f"forwards; expected `{w['expected']}`).", end="")
+        print()
 
 
 def profile(file="profile_muon_cpu"):
