@@ -58,7 +58,7 @@ def model_size(preset):
     import data, tokenizer, train
     from model import GPT, GPTConfig
     cfg = train.PRESETS[preset]
-    splits = data.load_splits(None, cfg["seed"], cfg["n_train"], cfg["tasks"])
+    splits = data.load_splits(None, cfg["data_seed"], cfg["n_train"], cfg["tasks"], mix=cfg["mix"])
     tok = tokenizer.Tokenizer.train(map(data.plain_text, splits["train"]), cfg["vocab_size"])
     with torch.device("meta"):
         model = GPT(GPTConfig(vocab_size=tok.n_vocab, **{k: cfg[k] for k in train.MODEL_KEYS}))
@@ -173,9 +173,10 @@ def recipe(name):
     p, e, pct0 = preset(name), FORMATS["e"], FORMATS["pct0"]
     muon = " (on the hidden matrices, AdamW on the rest)" if p["optimizer"] == "muon" else ""
     decay = f" (flat, then to zero over the last {pct0(p['decay'])})" if p["schedule"] == "wsd" else " (to zero)"
+    mix = p.get("mix") and " (shares over `data.MIX`'s: " + ", ".join(f"{k} {v:g}" for k, v in p["mix"].items()) + ")"
     print(f"- **The recipe** (`train.PRESETS['{name}']`): {p['n_layer']} layers of width {p['n_embd']}, "
           f"{FORMATS['M'](p['parameters'])} parameters, a {p['vocab']:,}-token vocabulary, "
-          f"{p['n_train']:,} training examples at batch {p['batch_size']}. Stage 1 (AR SFT) takes "
+          f"{p['n_train']:,} training examples{mix or ''} at batch {p['batch_size']}. Stage 1 (AR SFT) takes "
           f"{p['ar_iters']:,} steps at a peak rate of {e(p['lr'])}, stage 2 (MARS, B = {p['B']}, "
           f"ar_weight {p['ar_weight']}) {p['mars_iters']:,} at {e(p['mars_lr'])}; optimizer {p['optimizer']}{muon}, "
           f"warmup {pct0(p['warmup'])}, schedule {p['schedule']}{decay}, {p['buckets']} length buckets; "
@@ -221,12 +222,12 @@ def family_search(file="family_search_cpu"):
         s1 = c.get("ar_val")
         m = c["mars_tau0.95"]
         rows.append((f"`{c['name']}`" + (" (chosen)" if c["name"] == d.get("chosen") else ""),
-                     " ".join(c["changed"]) or "the cpu preset as it was",
+                     re.sub(r" --init_from \S+", "", " ".join(c["changed"])) or "the cpu preset as it was",
                      "not timed" if c.get("untimed") else f"{c['wall_s'] / 60:.1f}",
                      f"{pct(s1['accuracy'])} ({worst(s1)})" if s1 else "-",
                      f"{pct(c['mars_tau1.0']['accuracy'])} ({worst(c['mars_tau1.0'])})",
                      f"{pct(m['accuracy'])} at {m['tokens_per_forward']:.2f} ({worst(m)})"))
-    table(["candidate", "changed", "minutes (--stage mars: that stage)", "stage 1 (worst family)", "MARS tau = 1.0 (worst)",
+    table(["candidate", "changed", "minutes (--stage mars: that stage, from cpu_mix's stage 1)", "stage 1 (worst family)", "MARS tau = 1.0 (worst)",
            "tau = 0.95: accuracy at tokens/forward (worst)"], rows)
     m = d["machine"]
     print(f"\nTimed one at a time on the {m['cores']} cores of an {m['cpu']} (torch CPU capability "
@@ -235,15 +236,31 @@ def family_search(file="family_search_cpu"):
         print(f"\nWhy (the file's `chosen_why`): {d['chosen_why']}")
 
 
-def failures(file="failures_cpu"):
+def before_now(before="eval_cpu_preset_before", now="eval_cpu_preset_now", tau=0.95):
+    """extras.bench.eval on the 2,000 test prompts, the cpu preset before its shares and stage 2's
+    lr changed and now: stage 1 and MARS at tau, overall and per family."""
+    runs = [load(f) for f in (before, now)]
+    rows = [{(r["decoder"], r["threshold"]): r for r in d["quality"]} for d in runs]
+    keys = [("ar", None), ("mars", tau)]
+    cell = lambda r, family=None: pct(r["per_task"][family]["accuracy"] if family else r["accuracy"])
+    header = [f"{'stage 1' if k[0] == 'ar' else f'tau = {tau}'}, {when}" for when in ("before", "now") for k in keys]
+    table(["family", *header],
+          [("all", *(cell(r[k]) for r in rows for k in keys))] +
+          [(f, *(cell(r[k], f) for r in rows for k in keys)) for f in runs[0]["quality"][0]["per_task"]])
+    print(f"\nTokens per forward at tau = {tau}: {rows[0][keys[1]]['tokens_per_forward']:.2f} before, "
+          f"{rows[1][keys[1]]['tokens_per_forward']:.2f} now. Both on {runs[1]['machine']}, "
+          f"float32 checkpoints.")
+
+
+def failures(families=("add", "count"), file="failures_cpu"):
     """The weak families before the cpu preset's shares and stage 2's lr changed and now, on the
     same test prompts: each group's accuracy (extras.bench.failures' groups), stage 2 against
     stage 1 prompt by prompt, and a wrong answer from before."""
     d = load(file)
     before, now = d["before"], d["now"]
     tau = list(before["decoders"])[-1]
-    for family, b in before["families"].items():
-        n = now["families"][family]
+    for family in families:
+        b, n = before["families"][family], now["families"][family]
         rows = [("all", b["n"], b["accuracy"], n["accuracy"])]
         rows += [(f"{feature}: {g}", s["n"], s["accuracy"], n["groups"][feature][g]["accuracy"])
                  for feature, groups in b["groups"].items() for g, s in groups.items()]
@@ -255,6 +272,8 @@ def failures(file="failures_cpu"):
         print(f"\nStage 2 against stage 1 at tau = 1.0, right only with MARS / only with stage 1: "
               f"{stage2(b)['a_only']} / {stage2(b)['b_only']} before, {stage2(n)['a_only']} / "
               f"{stage2(n)['b_only']} now.", end="")
+        where = lambda r: ", ".join(f"{k} {v}" for k, v in r["first_wrong_token"].items()) or "none wrong"
+        print(f" Where {model_name(tau)} first left the reference: {where(b)} before; {where(n)} now.", end="")
         for w in b["wrong"][tau][:1]:
             print(f" Before, {model_name(tau)} answered \"{w['prompt']}\" with `{w['got']}` (`|` between "
                   f"forwards; expected `{w['expected']}`).", end="")
