@@ -44,10 +44,10 @@ PRESETS = {
                  mars_lr=3e-3, eval_every=30, save_every=30,
                  precision="float32"),  # the same losses on every machine
     # course and cpu: Muon and WSD, chosen on validation (docs/preset_search_cpu.json); cpu's
-    # shares and stage 2's lr too (docs/family_search_cpu.json)
+    # shares and stage 2's lr too (docs/family_search_cpu.json); course's stage-2 lr: docs/course_cpu.json
     "course": dict(COMMON, n_layer=4, n_head=4, n_embd=128,
                    tasks=["spell", "reverse", "copy", "words", "convert", "facts"],
-                   ar_iters=1000, mars_iters=400, lr=3e-3, mars_lr=3e-3, optimizer="muon",
+                   ar_iters=1000, mars_iters=400, lr=3e-3, mars_lr=1.5e-3, optimizer="muon",
                    schedule="wsd", eval_every=200, save_every=200),
     "cpu": dict(COMMON, n_layer=4, n_head=4, n_embd=128, batch_size=64, ar_iters=1400,
                 mars_iters=700, lr=6e-3, mars_lr=3e-3, optimizer="muon", schedule="wsd",

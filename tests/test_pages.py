@@ -75,10 +75,7 @@ def typed_figures(text):
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name if p.parent == DOCS else "README")
 def test_no_typed_figures(page):
-    text = page.read_text()
-    if page.name == "README.md" and page.parent == ROOT:  # the Start section's commands are the lead's to time
-        text = re.sub(r"^## Start$.*?(?=^## )", "", text, flags=re.S | re.M)
-    assert typed_figures(text) == [], f"{page.name}: figures typed by hand: write them with extras/bench/pages.py"
+    assert typed_figures(page.read_text()) == [], f"{page.name}: figures typed by hand: write them with extras/bench/pages.py"
 
 
 def test_typed_figures_are_flagged():

@@ -139,7 +139,7 @@ def results_table(run, file="train_cpu"):
         return
     rows, pair = entry["summary"]["table"], entry["summary"]["mars_tau1_minus_ar"]
     interval = lambda lo_hi: f"[{100 * lo_hi[0]:.1f}, {100 * lo_hi[1]:.1f}]"
-    table(["decoder (default run)", "accuracy", "95% interval", "tokens/forward"],
+    table(["decoder", "accuracy", "95% interval", "tokens/forward"],
           [(model_name(r["model"]), pct(r["accuracy"]), interval(r["ci95"]), f"{r['tokens_per_forward']:.2f}")
            for r in rows])
     lo, hi = pair["ci"]
