@@ -346,27 +346,6 @@ def sweeps(key, file="eval_cpu"):
            for name, sweep in rows])
 
 
-def speed(file="eval_cpu", tau=0.95):
-    """The wall clock against AR at one tau: per decoder, the speedup at each batch size [min, max
-    over repeats] and tokens per forward; then the paper's figures."""
-    d = load(file)
-    rows = [s for s in d["speed"] if s["threshold"] in (None, tau)]
-    batches = sorted({s["batch_size"] for s in rows})
-    by = {}
-    for s in rows:
-        by.setdefault((s["decoder"], s["cache_block"]), {})[s["batch_size"]] = s
-    cell = lambda s: f"{s['tokens_per_second']:.0f} tok/s" if s["decoder"] == "ar" else \
-        f"{s['speedup']:.2f}x [{s['speedup_spread'][0]:.2f}, {s['speedup_spread'][1]:.2f}], {s['tokens_per_forward']:.2f}"
-    print(f"{d['speed_prompts']} held-out prompts, {d['repeats']} repeats per row after a warm-up ({d['machine']}); "
-          f"tau = {tau} (every row, tau = 0.9 too: the file's `speed`). Each decoder alternates with AR batch by "
-          "batch, so that drift hits both; a cell is the median over repeats of the decoder's tokens/s over AR's "
-          "[min, max], then tokens per forward (AR's row: its tokens/s).\n")
-    table(["decoder", *(f"batch {b}" for b in batches)],
-          [(dec + (f", B_cache {block}" if block else ""), *(cell(c[b]) if b in c else "" for b in batches))
-           for (dec, block), c in by.items()])
-    print(f"\nFor comparison, the {d['paper_table5']}.")
-
-
 def masks(file="masks_cpu", tau=0.95):
     """--masks auto against fixed and AR, per batch size and cache (masks_bench's rows)."""
     d = load(file)
