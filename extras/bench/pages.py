@@ -366,6 +366,23 @@ def masks(file="masks_cpu", tau=0.95):
            for (cache, bc, b), r in sorted(by.items(), key=lambda kv: (kv[0][0] != "sliding", kv[0][2]))])
 
 
+def mutation(file="mutation"):
+    """mutmut's score per file of the method (docs/mutation.json): the mutants of the listed
+    functions that the fast tier kills, and what was left."""
+    d = load(file)
+    rows = []
+    for path, r in d["files"].items():
+        killed = r.get("killed", 0) + r.get("timeout", 0)
+        rate = "-" if r["kill_rate"] is None else pct(r["kill_rate"])
+        rows.append((f"`{path}`", ", ".join(f"`{f}`" for f in r["functions"]), r["mutants"], killed,
+                     r.get("survived", 0), r.get("equivalent", 0), r.get("not checked", 0), rate))
+    table(["file", "functions (mutmut's names)", "mutants", "killed", "survived", "equivalent", "not run",
+           "kill rate"], rows)
+    print(f"\n`{d['command']}` ({d['settings']}), commit {d['commit']}, {d['machine']['cpu']}; every survivor "
+          f"with its line and the mutant's: the JSON's `survivors` ({len(d['survivors'])}); equivalent ones "
+          f"with the reason: `equivalent` ({len(d['equivalent'])}); not mutated (decorated): `untested`.")
+
+
 def test_times():
     """The README's two tiers of tests, each with its measured time (docs/test_times.json, written by
     python -m extras.bench.tier_times)."""
