@@ -191,6 +191,7 @@ def test_snapshots_link_each_saved_checkpoint(tmp_path):
     assert proc.returncode == 3  # the run's own exit code
 
 
+@pytest.mark.slow  # a real SIGINT to a process: on a loaded machine its timing is the machine's
 def test_ctrl_c_ends_distill_in_one_line_and_keeps_the_answers(tiny_run, tmp_path):
     """Interrupted, a long command says so in one line (no traceback) and keeps what it did: a rerun resumes."""
     import signal

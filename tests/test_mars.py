@@ -311,3 +311,19 @@ def test_decoding_window_is_the_training_noisy_stream(tiny_run):
                 (on_grid if s % B == 0 else off_grid).append(diff)
     assert len(on_grid) >= 6 and max(on_grid) < 1e-10, max(on_grid)
     assert min(off_grid) > 1e-4
+
+
+def test_mars_loss_defaults_to_alpha_one_and_a_one_token_answer_is_its_token(padded_batch):
+    """The paper's alpha = 1 is the default; a row whose response is one token weighs that token's loss whole
+    (each row's mean divides by its own count of targets), in mars_loss and in ar_loss per sequence."""
+    (x, y), tok = padded_batch
+    m = tok_model(tok)
+    loss, noisy, clean = mars.mars_loss(m, x, y, tok.mask, 4)
+    torch.testing.assert_close(loss, noisy + clean)
+    rows, first = torch.arange(len(y)), (y != -1).int().argmax(1)
+    one = torch.full_like(y, -1)
+    one[rows, first] = y[rows, first]
+    per_token = m(x, one)  # the plain causal forward's loss at each target, 0 elsewhere
+    _, _, clean_one = mars.mars_loss(m, x, one, tok.mask, 4)
+    torch.testing.assert_close(clean_one, per_token.sum(1).mean())
+    torch.testing.assert_close(mars.ar_loss(m, x, one, per_sequence=True), per_token.sum(1).mean())

@@ -633,3 +633,19 @@ def test_block_cache_rows_join_at_block_writes(m):
     for r, p in zip(requests, PROMPTS):
         alone = engine.generate_batch(m, [p], EOT, MASK, B=4, tau=0.5, cache="block", B_cache=6, max_new_tokens=N)
         assert r.tokens == alone[0].tokens
+
+
+def test_generate_defaults_and_prompts_with_no_room(m):
+    """tau 0.9 and 64 new tokens are generate's defaults (a model with room for more than 64); a batch whose
+    prompts all fill the context answers nothing, at once."""
+    torch.manual_seed(0)
+    roomy = model_lib.GPT(model_lib.GPTConfig(vocab_size=V, max_seq_len=160, n_layer=1, n_head=2,
+                                              n_embd=32)).double().eval()
+    prompts = random_prompts([5, 9])
+    for net in (m, roomy):
+        assert sample.generate(net, prompts, EOT, MASK, 4) == \
+            sample.generate(net, prompts, EOT, MASK, 4, tau=0.9, max_new_tokens=64)
+    assert sample.generate(m, prompts, EOT, MASK, 4) != sample.generate(m, prompts, EOT, MASK, 4, tau=1.0)
+    assert max(len(out) for out, _ in sample.generate(roomy, prompts, EOT, MASK, 4)) == 64  # no end token came
+    full = random_prompts([m.config.max_seq_len] * 2)
+    assert sample.generate(m, full, EOT, MASK, 4) == [([], []), ([], [])]

@@ -859,6 +859,8 @@ def test_wsd_schedule_warms_up_holds_then_decays_linearly():
     assert [train.lr_at(i, 1.0, 0.1, 100, "wsd") for i in range(100)] == lrs  # decay 0.4 by default, as the presets'
     cosine = [train.lr_at(i, 1.0, 0.1, 100) for i in range(100)]
     assert cosine[10] == 1.0 and cosine[55] == pytest.approx(0.5) and cosine[99] < 1e-3
+    # the shortest warm-up is one step at the peak; a decay of one step starts from the peak
+    assert train.lr_at(0, 1.0, 0.05, 20) == 1.0 and train.lr_at(9, 1.0, 0.0, 10, "wsd", 0.1) == 1.0
 
 
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():

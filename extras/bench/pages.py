@@ -392,11 +392,12 @@ def test_times():
             print(f"- `{tier['command']}`: not yet measured")
             continue
         failed = f", {tier['failed']} failed" if tier["failed"] else ""
-        print(f"- `{tier['command']}`: {tier['passed']} passed{failed} in {tier['seconds'] / 60:.1f} min")
+        print(f"- `{tier['command']}`: {tier['passed']} passed{failed} in {tier['seconds'] / 60:.1f} min "
+              f"(commit {tier['commit']})")
     m = d["machine"]
-    if d["commit"]:
-        print(f"\nOn {m['cpu']} ({m['cores']} cores, torch CPU capability {m['cpu_capability']}), commit "
-              f"{d['commit']}, a fresh clone ([`docs/test_times.json`](docs/test_times.json)).")
+    if m:
+        print(f"\nA fresh clone, {m['cpu']}, {m['cores']} cores, torch CPU capability {m['cpu_capability']} "
+              f"([`docs/test_times.json`](docs/test_times.json)).")
 
 
 # real models, gpu, serving

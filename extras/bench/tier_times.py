@@ -7,6 +7,7 @@ Run it alone on the machine (the tiers use every core); the README's installs mu
 """
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -34,16 +35,18 @@ def timed(command, cwd):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="docs/test_times.json", help="where the times go (default %(default)s)")
+    p.add_argument("--tier", choices=list(TIERS), default=None, help="time this tier alone, keeping the other's record in --out "
+                                                        "(default both)")
     args = p.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as clone:
         subprocess.run(["git", "clone", "-q", ".", clone], check=True)
-        tiers = {name: timed(command, clone) for name, command in TIERS.items()}
-    result = {"what": "the README's two tiers of tests, each timed as a whole command on a fresh clone of the "
+        tiers = {name: {**timed(TIERS[name], clone), "commit": commit} for name in ([args.tier] if args.tier else TIERS)}
+    kept = json.load(open(args.out))["tiers"] if args.tier and os.path.exists(args.out) else {}
+    result = {"what": "the README's two tiers of tests, each timed as a whole command on a fresh clone of its "
                       "commit, after the README's installs",
-              "command": "python -m extras.bench.tier_times", "commit": commit, "machine": machine(),
-              "tiers": tiers}
+              "command": "python -m extras.bench.tier_times", "machine": machine(), "tiers": {**kept, **tiers}}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.out}")
