@@ -396,8 +396,8 @@ def test_times():
               f"(commit {tier['commit']})")
     m = d["machine"]
     if m:
-        print(f"\nA fresh clone, {m['cpu']}, {m['cores']} cores, torch CPU capability {m['cpu_capability']} "
-              f"([`docs/test_times.json`](docs/test_times.json)).")
+        print(f"\nFresh clones, {m['cpu']} ({m['cores']} cores, {m['cpu_capability']}): "
+              f"[`docs/test_times.json`](docs/test_times.json).")
 
 
 # real models, gpu, serving
